@@ -1,0 +1,1 @@
+"""Operator implementations: Triton kernels, thin launchers, torch.library custom ops with autograd."""

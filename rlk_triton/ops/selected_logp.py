@@ -1,0 +1,249 @@
+"""Selected-token log-probabilities (and entropy) from logits: kernels, launchers, custom ops.
+
+Forward: one program per scored row streams the row's vocab tiles once (reduction.py gives the
+order) and writes fp32 logp, entropy and the two row statistics the backward needs (max and
+log-sum, kept apart so that exp(x - lse) stays exact for logits of size ~1e4).
+Backward: elementwise per (row, vocab tile); no reduction, no atomics.
+
+Row addressing: row r of the [..., V] logits starts at
+  (r // inner_size) * stride_outer + (r % inner_size) * stride_inner,
+which covers [N, V] with any row stride and [B, T, V] slices such as logits[:, :-1] without a copy.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import configs
+from .._runtime import arch_of
+from .reduction import log_of_sum, online_softmax_tile
+
+
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index"])
+def _fwd_kernel(
+    logits_ptr, stride_outer, stride_inner, inner_size,
+    target_ptr, row_index_ptr, temperature_ptr, temperature,
+    logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
+    V, ignore_index,
+    HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if HAS_ROW_INDEX:
+        row = tl.load(row_index_ptr + pid).to(tl.int64)
+    else:
+        row = pid.to(tl.int64)
+    row_ptr = logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
+    if PER_ROW_TEMPERATURE:
+        temperature = tl.load(temperature_ptr + pid)
+    inv_t = 1.0 / tl.cast(temperature, tl.float32)
+
+    lanes = tl.arange(0, BLOCK_V)
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    t = tl.zeros((), tl.float32)
+    n_full = V // BLOCK_V
+    for tile in range(0, n_full):  # full tiles: unmasked, vectorized loads
+        x = tl.load(row_ptr + tile * BLOCK_V + lanes).to(tl.float32) * inv_t
+        m, s, t = online_softmax_tile(x, m, s, t, WITH_ENTROPY)
+    if n_full * BLOCK_V < V:  # the tail tile, last in the order
+        offs = n_full * BLOCK_V + lanes
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+        m, s, t = online_softmax_tile(x, m, s, t, WITH_ENTROPY)
+
+    log_s = log_of_sum(s)
+    target = tl.load(target_ptr + pid).to(tl.int64)
+    in_range = (target >= 0) & (target < V)
+    x_t = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32) * inv_t
+    logp = (x_t - m) - log_s  # subtract the max first: exact for x_t close to it
+    logp = tl.where(in_range, logp, float("nan"))
+    logp = tl.where(target == ignore_index, 0.0, logp)
+    tl.store(logp_ptr + pid, logp)
+    tl.store(row_max_ptr + pid, m)
+    tl.store(row_logsum_ptr + pid, log_s)
+    if WITH_ENTROPY:
+        tl.store(entropy_ptr + pid, log_s - t / s)
+
+
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index"])
+def _bwd_kernel(
+    logits_ptr, stride_outer, stride_inner, inner_size,
+    target_ptr, row_index_ptr, temperature_ptr, temperature,
+    row_max_ptr, row_logsum_ptr, entropy_ptr,
+    grad_logp_ptr, grad_entropy_ptr, grad_logits_ptr, grad_row_stride,
+    V, ignore_index,
+    HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tile = tl.program_id(1)
+    if HAS_ROW_INDEX:
+        row = tl.load(row_index_ptr + pid).to(tl.int64)
+    else:
+        row = pid.to(tl.int64)
+    row_ptr = logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
+    if PER_ROW_TEMPERATURE:
+        temperature = tl.load(temperature_ptr + pid)
+    inv_t = 1.0 / tl.cast(temperature, tl.float32)
+
+    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < V
+    x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
+    log_p = (x - tl.load(row_max_ptr + pid)) - tl.load(row_logsum_ptr + pid)
+    p = tl.exp2(log_p * 1.4426950408889634)
+
+    target = tl.load(target_ptr + pid).to(tl.int64)
+    g = tl.load(grad_logp_ptr + pid)
+    g = tl.where(target == ignore_index, 0.0, g)
+    # d logp / d x_j = onehot_j - p_j
+    dx = tl.where(offs == target, g, 0.0) - g * p
+    if WITH_ENTROPY_GRAD:
+        # d H / d x_j = -p_j (log p_j + H); p_j = 0 (x_j = -inf) contributes nothing
+        h = tl.load(grad_entropy_ptr + pid)
+        ent = tl.load(entropy_ptr + pid)
+        dx -= h * tl.where(p > 0.0, p * (log_p + ent), 0.0)
+    dx = dx * inv_t
+    out_ptr = grad_logits_ptr + row * grad_row_stride
+    tl.store(out_ptr + offs, dx.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+
+
+def row_layout(logits: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """(tensor, stride_outer, stride_inner, inner_size) addressing the rows of [..., V] logits.
+
+    Up to two leading dims are addressed through their strides (no copy). More leading dims are
+    viewed as two when their strides allow it, else copied (documented in docs/selected_logp.md).
+    """
+    if logits.dim() == 1:
+        return logits, 0, 0, 1
+    if logits.dim() == 2:
+        return logits, logits.stride(0), 0, 1
+    if logits.dim() > 3:
+        try:
+            logits = logits.view(-1, logits.shape[-2], logits.shape[-1])
+        except RuntimeError:
+            logits = logits.reshape(-1, logits.shape[-2], logits.shape[-1])
+    return logits, logits.stride(0), logits.stride(1), max(logits.shape[1], 1)
+
+
+def _config(kernel: str, logits: torch.Tensor) -> configs.LaunchConfig:
+    return configs.lookup(kernel, arch_of(logits.device), logits.dtype, logits.shape[-1])
+
+
+def _temperature_args(temperature: float, temperature_rows: Optional[torch.Tensor], like):
+    if temperature_rows is None:
+        return like, float(temperature), False  # any pointer: not read
+    return temperature_rows, 1.0, True
+
+
+def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
+                   ignore_index, with_entropy):
+    """Runs the forward kernel. target_ids / row_index / temperature_rows are 1-D over scored rows."""
+    n = target_ids.numel()
+    dev = logits.device
+    logp = torch.empty(n, dtype=torch.float32, device=dev)
+    entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=dev)
+    row_max = torch.empty(n, dtype=torch.float32, device=dev)
+    row_logsum = torch.empty(n, dtype=torch.float32, device=dev)
+    if n == 0:
+        return logp, entropy, row_max, row_logsum
+    V = logits.shape[-1]
+    cfg = _config("selected_logp_fwd", logits)
+    lg, so, si, inner = row_layout(logits)
+    t_ptr, t_val, per_row = _temperature_args(temperature, temperature_rows, logp)
+    _fwd_kernel[(n,)](
+        lg, so, si, inner,
+        target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
+        logp, entropy if with_entropy else logp, row_max, row_logsum,
+        V, ignore_index,
+        HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy,
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return logp, entropy, row_max, row_logsum
+
+
+def launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temperature,
+                    temperature_rows, ignore_index, row_max, row_logsum, entropy):
+    """Returns d logits, contiguous, in the logits' dtype and shape (zero rows where not scored)."""
+    V = logits.shape[-1]
+    n = target_ids.numel()
+    alloc = torch.zeros if row_index is not None else torch.empty
+    grad = alloc(logits.shape, dtype=logits.dtype, device=logits.device)
+    if n == 0 or V == 0:
+        return grad
+    cfg = _config("selected_logp_bwd", logits)
+    lg, so, si, inner = row_layout(logits)
+    t_ptr, t_val, per_row = _temperature_args(temperature, temperature_rows, row_max)
+    with_h = grad_entropy is not None
+    _bwd_kernel[(n, triton.cdiv(V, cfg.block_v))](
+        lg, so, si, inner,
+        target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
+        row_max, row_logsum, entropy if with_h else row_max,
+        grad_logp, grad_entropy if with_h else grad_logp, grad, V,
+        V, ignore_index,
+        HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY_GRAD=with_h,
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return grad
+
+
+# ---- torch.library custom ops: usable under torch.compile, autograd through register_autograd ----
+
+@torch.library.custom_op("rlk_triton::selected_logp_fwd", mutates_args=())
+def selected_logp_fwd(
+    logits: torch.Tensor, target_ids: torch.Tensor, row_index: Optional[torch.Tensor],
+    temperature: float, temperature_rows: Optional[torch.Tensor], ignore_index: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
+                          ignore_index, with_entropy)
+
+
+@selected_logp_fwd.register_fake
+def _(logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+    n = target_ids.numel()
+    f = lambda k: logits.new_empty(k, dtype=torch.float32)  # noqa: E731
+    return f(n), f(n if with_entropy else 0), f(n), f(n)
+
+
+@torch.library.custom_op("rlk_triton::selected_logp_bwd", mutates_args=())
+def selected_logp_bwd(
+    grad_logp: torch.Tensor, grad_entropy: Optional[torch.Tensor], logits: torch.Tensor,
+    target_ids: torch.Tensor, row_index: Optional[torch.Tensor], temperature: float,
+    temperature_rows: Optional[torch.Tensor], ignore_index: int, row_max: torch.Tensor,
+    row_logsum: torch.Tensor, entropy: torch.Tensor,
+) -> torch.Tensor:
+    return launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temperature,
+                           temperature_rows, ignore_index, row_max, row_logsum, entropy)
+
+
+@selected_logp_bwd.register_fake
+def _(grad_logp, grad_entropy, logits, *rest):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy = inputs
+    _, entropy, row_max, row_logsum = output
+    ctx.save_for_backward(logits, target_ids, row_index, temperature_rows, row_max, row_logsum, entropy)
+    ctx.temperature = temperature
+    ctx.ignore_index = ignore_index
+
+
+def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+    logits, target_ids, row_index, temperature_rows, row_max, row_logsum, entropy = ctx.saved_tensors
+    if grad_logp is None:
+        grad_logp = torch.zeros_like(row_max)
+    if grad_entropy is not None and grad_entropy.numel() == 0:
+        grad_entropy = None
+    grad = selected_logp_bwd(
+        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
+        logits, target_ids, row_index, ctx.temperature, temperature_rows, ctx.ignore_index,
+        row_max, row_logsum, entropy,
+    )
+    return grad, None, None, None, None, None, None
+
+
+selected_logp_fwd.register_autograd(_backward, setup_context=_setup_context)
