@@ -10,7 +10,7 @@ same wherever it is computed on the same device and build (docs/selected_logp.md
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Union
 
 import torch
 
