@@ -36,18 +36,21 @@ def _bucket_name(v_max):
 
 # (kernel, arch, dtype, bucket) -> LaunchConfig.
 # "cuda" is the row set for CUDA archs without rows of their own (not tuned; same semantics).
-# Values for sm90 come from the sweep in scripts/gpu_tune.py on an H200 (docs/reports/).
+# sm90 rows come from scripts/gpu_tune.py on an H200 (docs/reports/h200-tune-2026-12-02.json):
+# at [16384 x 151936] bf16 one warp per row with 2048-wide tiles read the logits at 1.03x the
+# copy rate (2-4 warps: 0.92-1.04x; 8 warps: 0.70x); the backward peaked at 2048-wide tiles, 2 warps.
+# 4-byte logits take half as wide tiles, so that a tile is the same number of bytes.
 def _rows():
     t = {}
     for dt in _DTYPES:
-        wide = dt != "float32"  # 2-byte logits: twice the elements per 16-byte load
+        two_byte = dt != "float32"
         for arch in ("sm90", "cuda"):
-            t[("selected_logp_fwd", arch, dt, "v<=1024")] = LaunchConfig(1024, 4, 1)
-            t[("selected_logp_fwd", arch, dt, "v<=8192")] = LaunchConfig(2048 if wide else 1024, 4, 1)
-            t[("selected_logp_fwd", arch, dt, "v>8192")] = LaunchConfig(4096 if wide else 2048, 8, 1)
-            t[("selected_logp_bwd", arch, dt, "v<=1024")] = LaunchConfig(1024, 4, 1)
-            t[("selected_logp_bwd", arch, dt, "v<=8192")] = LaunchConfig(2048, 4, 1)
-            t[("selected_logp_bwd", arch, dt, "v>8192")] = LaunchConfig(4096, 8, 1)
+            t[("selected_logp_fwd", arch, dt, "v<=1024")] = LaunchConfig(1024, 1, 3)
+            t[("selected_logp_fwd", arch, dt, "v<=8192")] = LaunchConfig(2048 if two_byte else 1024, 1, 3)
+            t[("selected_logp_fwd", arch, dt, "v>8192")] = LaunchConfig(2048 if two_byte else 1024, 1, 3)
+            t[("selected_logp_bwd", arch, dt, "v<=1024")] = LaunchConfig(1024, 2, 1)
+            t[("selected_logp_bwd", arch, dt, "v<=8192")] = LaunchConfig(2048 if two_byte else 1024, 2, 1)
+            t[("selected_logp_bwd", arch, dt, "v>8192")] = LaunchConfig(2048 if two_byte else 1024, 2, 1)
         # The interpreter pays about 1 ms per program-iteration: few, wide tiles.
         for kernel in ("selected_logp_fwd", "selected_logp_bwd"):
             t[(kernel, "interpreter", dt, "v<=1024")] = LaunchConfig(1024, 4, 1)
