@@ -42,11 +42,17 @@ def selected_logp_reference(logits, target_ids, temperature=1.0, ignore_index=-1
 
 
 def selected_logp_grad_reference(logits, target_ids, grad_logp, grad_entropy=None,
-                                 temperature=1.0, ignore_index=-100):
-    """d loss / d logits (float64) for loss = sum grad_logp * logp + sum grad_entropy * entropy."""
+                                 temperature=1.0, ignore_index=-100, flush_below=None):
+    """d loss / d logits (float64) for loss = sum grad_logp * logp + sum grad_entropy * entropy.
+
+    flush_below: treat probabilities below it as 0, as fp32 arithmetic that flushes subnormals
+    does (2**-126 on GPUs); None keeps them.
+    """
     x, t = _scaled(logits, temperature)
     logq, _ = _log_softmax(x)
     p = np.exp(logq)
+    if flush_below is not None:
+        p = np.where(p < flush_below, 0.0, p)
     tgt = np.asarray(target_ids, dtype=np.int64)
     g = np.where(tgt == ignore_index, 0.0, np.asarray(grad_logp, dtype=np.float64))[..., None]
     onehot = np.zeros_like(x)

@@ -15,6 +15,7 @@ from .._runtime import arch_of
 from .invariance import RowOp
 
 IGNORE_INDEX = -100
+FP32_MIN_NORMAL = 2.0**-126  # below it GPU fp32 arithmetic may flush to zero
 LAYOUTS = ("contiguous", "row_stride", "slice3d")
 
 
@@ -89,7 +90,7 @@ def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_I
 
     The kernel forms p_j = exp(x_j - lse) with a relative error of order eps * row_scale, and
     log p_j + H with an absolute one of the same order, so
-      |error_j| ~ eps * (|d_j| + row_scale * p_j * (|g| + |h| * (1 + row_scale)) / T),
+      |error_j| ~ eps * (|d_j| + row_scale * max(p_j, 2^-126) * (|g| + |h| * (1 + row_scale)) / T),
     the first term for the final products (by g, h and 1/T) of the element itself.
     """
     t = np.asarray(t64, np.float64)
@@ -102,6 +103,7 @@ def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_I
     p = p / p.sum(axis=-1, keepdims=True)
     sc = row_scale(x64, t64)[:, None]
     g = np.where(np.asarray(tgt64) == ignore_index, 0.0, np.abs(g))[:, None]
+    p = np.maximum(p, FP32_MIN_NORMAL)  # fp32 holds p to eps * max(p, smallest normal)
     return np.abs(ref_grad) + sc * p * (g + np.abs(h)[:, None] * (1.0 + sc)) / t
 
 
@@ -127,12 +129,13 @@ def judge_selected_logp(case: LogpCase, device, with_grad=True) -> dict:
         h = torch.randn(case.rows, generator=gen)
         loss = (logp.reshape(-1) * g.to(device)).sum() + (ent.reshape(-1) * h.to(device)).sum()
         loss.backward()
-        ref_grad = selected_logp_grad_reference(x64, tgt64, g.double().numpy(), h.double().numpy(),
-                                                t64, IGNORE_INDEX)
+        ref_grad, ref_flushed = (
+            selected_logp_grad_reference(x64, tgt64, g.double().numpy(), h.double().numpy(), t64,
+                                         IGNORE_INDEX, flush_below=f) for f in (None, FP32_MIN_NORMAL))
         bound = contracts.judgment("selected_logp", case.dtype, "gradient_accuracy", arch)
         ours = leaf.grad.detach().reshape(case.rows, case.V).double().cpu().numpy()
         sens = logp_grad_sensitivity(x64, tgt64, t64, g.double().numpy(), h.double().numpy(), ref_grad)
-        out["grad"] = contracts.rounding_plus_sensitivity_ratio(ours, ref_grad, sens, bound)
+        out["grad"] = contracts.rounding_plus_sensitivity_ratio(ours, ref_grad, sens, bound, ref_flushed)
     return out
 
 
