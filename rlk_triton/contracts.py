@@ -158,4 +158,6 @@ def rounding_plus_sensitivity_ratio(ours, ref, sensitivity, bound: dict, ref_flu
     err = np.abs(ours - ref)
     if ref_flushed is not None:
         err = np.minimum(err, np.abs(ours - np.asarray(ref_flushed, np.float64)))
-    return float(np.max(err / allowed))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0.0, 0.0, err / allowed)
+    return float(np.max(ratio))

@@ -25,6 +25,9 @@ DEFAULT_IGNORE_INDEX = -100
 
 Temperature = Union[float, torch.Tensor]
 
+# Triton decides interpreted-or-compiled when it decorates the kernels, which happened on import.
+_INTERPRETED = interpreter_active()
+
 __all__ = ["selected_logp", "selected_logp_indexed", "DEFAULT_IGNORE_INDEX"]
 
 
@@ -128,7 +131,7 @@ def _check_logits(logits) -> tuple[int, ...]:
         raise LayoutError("logits", f"the vocab dim must be contiguous (stride {logits.stride(-1)});"
                           " call .contiguous() first")
     if logits.device.type == "cpu":
-        if not interpreter_active():
+        if not _INTERPRETED:
             raise DeviceError("logits", "CPU tensors need the Triton interpreter: set "
                               "TRITON_INTERPRET=1 before importing rlk_triton, or move to CUDA")
     elif logits.device.type != "cuda":

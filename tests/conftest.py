@@ -1,0 +1,30 @@
+import os
+
+import torch
+
+# Without a GPU the kernels run under the Triton interpreter; the flag must be set before any
+# module with @triton.jit is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(pytest.mark.skip(reason="slow under the interpreter: --runslow"))
+
+
+@pytest.fixture
+def device():
+    return DEVICE

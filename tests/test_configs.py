@@ -1,0 +1,44 @@
+"""The locked-config table: complete, row-count free, fingerprinted."""
+import inspect
+
+import pytest
+import torch
+import triton
+
+from rlk_triton import configs
+
+
+def test_every_kernel_dtype_bucket_has_a_row_on_every_arch():
+    for kernel in ("selected_logp_fwd", "selected_logp_bwd"):
+        for arch in ("interpreter", "sm90", "sm80", "sm100"):
+            for dt in (torch.bfloat16, torch.float16, torch.float32):
+                for V in (1, 1024, 1025, 8192, 8193, 262144):
+                    cfg = configs.lookup(kernel, arch, dt, V)
+                    assert cfg.block_v & (cfg.block_v - 1) == 0
+
+
+def test_lookup_cannot_see_the_number_of_rows():
+    assert list(inspect.signature(configs.lookup).parameters) == ["kernel", "arch", "dtype", "V"]
+
+
+def test_v_buckets():
+    assert [configs.v_bucket(v) for v in (1, 1024, 1025, 8192, 8193)] == \
+        ["v<=1024", "v<=1024", "v<=8192", "v<=8192", "v>8192"]
+
+
+def test_unknown_combination_fails():
+    with pytest.raises(KeyError):
+        configs.lookup("selected_logp_fwd", "interpreter", torch.float64, 10)
+    with pytest.raises(KeyError):
+        configs.lookup("selected_logp_fwd", "tpu", torch.float32, 10)
+
+
+def test_fingerprint_names_table_triton_and_arch(monkeypatch):
+    a = configs.fingerprint("sm90")
+    assert a == configs.fingerprint("sm90") and a != configs.fingerprint("interpreter")
+    monkeypatch.setattr(triton, "__version__", "0.0.0")
+    assert configs.fingerprint("sm90") != a
+    monkeypatch.undo()
+    key = next(iter(configs.LOCKED_CONFIGS))
+    monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(64, 1, 1))
+    assert configs.fingerprint("sm90") != a
