@@ -24,7 +24,8 @@ def _selected_logp() -> Operator:
     from .testing import parity
 
     def cases(on_gpu):
-        rows, big = (256, (1, 3, 1000, 32000, 50257, 151936, 262144)) if on_gpu else (4, (1, 3, 1000, 50257))
+        # the float64 reference on the host dominates the time: few rows even on a GPU
+        rows, big = (32, (1, 3, 1000, 32000, 50257, 151936, 262144)) if on_gpu else (4, (1, 3, 1000, 50257))
         out = []
         for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
             for V in big:
