@@ -102,3 +102,9 @@ def test_indexed_gradient_is_zero_off_the_scored_rows(device):
     x2 = x.detach().clone().requires_grad_(True)
     selected_logp(x2, t)[rows].sum().backward()
     assert torch.equal(g[rows], x2.grad[rows])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_selected_logp_batch_invariant_large_vocab(dtype, device):
+    assert_batch_invariant(selected_logp_row_op(151936, dtype, device, "rows"), probe_rows=3, batch_sizes=(4, 9))

@@ -71,3 +71,14 @@ def test_extreme_rows_are_finite_and_within_contract(V, dtype, device):
     lp, en = selected_logp(leaf, targets, return_entropy=True)
     (lp.sum() + en.sum()).backward()
     assert torch.isfinite(leaf.grad.float()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("V", (151936, 262144))
+def test_large_vocab_sweep_on_the_interpreter(V, dtype, device):
+    """The GPU sizes on the interpreter: minutes on a CPU, so behind --runslow."""
+    for T, layout in (("rows", "contiguous"), (0.7, "slice3d"), (1.3, "row_stride")):
+        case = LogpCase(16, V, dtype, T, 3.0, layout, seed=V + 7)
+        ratios = judge_selected_logp(case, device)
+        assert all(r <= 1.0 for r in ratios.values()), f"{case.label()}: {ratios}"
