@@ -43,7 +43,7 @@ def _check(args) -> int:
     t0 = time.time()
     for op in registry.operators():
         for case in op.parity_cases(on_gpu):
-            ratios = op.judge(case, device)
+            ratios = op.judge(case, device)  # the production (Triton) backend
             worst = max(ratios.values())
             rows.append({"op": op.name, "check": "parity", "case": case.label(),
                          "contract_id": contracts.contract_id(op.contract, case.dtype, arch),

@@ -37,6 +37,22 @@ class TemperatureError(InputError):
     """A temperature is not a finite positive number."""
 
 
+class BackendError(InputError):
+    """An unknown backend id was asked for."""
+
+
+class PolicyError(RlkError, RuntimeError):
+    """The mode policy could not choose a backend. ``decision`` is the structured record of why."""
+
+    def __init__(self, message: str, decision: dict):
+        self.decision = decision
+        super().__init__(message)
+
+
+class RlkFallbackWarning(UserWarning):
+    """The policy fell back from the backend the modes asked for; the decision record says why."""
+
+
 class ContractError(RlkError, LookupError):
     """A contract lookup failed: missing op, dtype or judgment. Lookups never default."""
 

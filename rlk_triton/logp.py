@@ -15,13 +15,16 @@ from typing import Union
 import torch
 
 from ._runtime import interpreter_active
-from .errors import (DeviceError, DTypeError, LayoutError, ShapeError, TargetIndexError,
+from .errors import (BackendError, DeviceError, DTypeError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
 from .ops import selected_logp as _op
+from .ops.selected_logp_torch import selected_logp_torch as _torch_reference
 
 SUPPORTED_LOGITS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_IGNORE_INDEX = -100
+# Backend ids of this op (rlk_triton.registry describes them; rlk_triton.policy chooses).
+BACKENDS = ("triton", "torch_reference")
 
 Temperature = Union[float, torch.Tensor]
 
@@ -39,6 +42,7 @@ def selected_logp(
     return_entropy: bool = False,
     ignore_index: int = DEFAULT_IGNORE_INDEX,
     validate: bool = True,
+    backend: str = "triton",
 ):
     """log softmax(logits / T)[target] in float32, optionally with the entropy of softmax(logits / T).
 
@@ -54,20 +58,25 @@ def selected_logp(
             is still computed). Any other target outside [0, V) is an error.
         validate: check target ids (and tensor temperatures) on the host. It costs one device sync;
             with validate=False an invalid target gives NaN logp instead of an error.
+        backend: "triton" (the kernels) or "torch_reference" (float64 torch, runs anywhere, slow,
+            same contract); rlk_triton.policy.resolve chooses one for a framework.
 
     Returns:
         logp (float32, shape of target_ids), or (logp, entropy) when return_entropy.
         Differentiable w.r.t. logits; the gradient comes back in the logits' dtype.
     """
-    lead = _check_logits(logits)
+    lead = _check_logits(logits, backend)
     _check_index("target_ids", target_ids, logits, lead)
     t_value, t_rows = _check_temperature(temperature, target_ids.shape, logits.device, validate)
     flat_targets = target_ids.reshape(-1)
     if validate:
         _check_targets(flat_targets, logits.shape[-1], ignore_index)
-    logp, entropy, _, _ = _op.selected_logp_fwd(
-        logits, flat_targets, None, t_value, t_rows, int(ignore_index), bool(return_entropy)
-    )
+    if backend == "torch_reference":
+        logp, entropy = _torch_reference(logits, flat_targets, t_value, t_rows, ignore_index, return_entropy)
+    else:
+        logp, entropy, _, _ = _op.selected_logp_fwd(
+            logits, flat_targets, None, t_value, t_rows, int(ignore_index), bool(return_entropy)
+        )
     logp = logp.view(target_ids.shape)
     if return_entropy:
         return logp, entropy.view(target_ids.shape)
@@ -83,6 +92,7 @@ def selected_logp_indexed(
     return_entropy: bool = False,
     ignore_index: int = DEFAULT_IGNORE_INDEX,
     validate: bool = True,
+    backend: str = "triton",
 ):
     """selected_logp on the rows ``row_indices`` of logits only; the other rows are never read.
 
@@ -91,7 +101,7 @@ def selected_logp_indexed(
     temperature is [K]. Returns [K] float32 (and entropy), bitwise equal to the dense result on
     those rows. The gradient is zero on the rows not scored.
     """
-    lead = _check_logits(logits)
+    lead = _check_logits(logits, backend)
     n_rows = math.prod(lead)
     if not isinstance(row_indices, torch.Tensor) or row_indices.dim() != 1:
         raise ShapeError("row_indices", "must be a 1-D tensor of row numbers")
@@ -111,16 +121,23 @@ def selected_logp_indexed(
                 raise ShapeError("row_indices", f"row numbers must lie in [0, {n_rows})")
             if dup:
                 raise ShapeError("row_indices", "row numbers must be distinct")
-    logp, entropy, _, _ = _op.selected_logp_fwd(
-        logits, target_ids.contiguous(), row_indices, t_value, t_rows, int(ignore_index),
-        bool(return_entropy),
-    )
+    if backend == "torch_reference":
+        rows = logits.reshape(-1, logits.shape[-1]).index_select(0, row_indices)
+        logp, entropy = _torch_reference(rows, target_ids.reshape(-1), t_value, t_rows, ignore_index,
+                                         return_entropy)
+    else:
+        logp, entropy, _, _ = _op.selected_logp_fwd(
+            logits, target_ids.contiguous(), row_indices, t_value, t_rows, int(ignore_index),
+            bool(return_entropy),
+        )
     return (logp, entropy) if return_entropy else logp
 
 
 # ---- validation: typed errors that name the argument ----
 
-def _check_logits(logits) -> tuple[int, ...]:
+def _check_logits(logits, backend) -> tuple[int, ...]:
+    if backend not in BACKENDS:
+        raise BackendError("backend", f"unknown backend {backend!r} (have: {', '.join(BACKENDS)})")
     if not isinstance(logits, torch.Tensor):
         raise DTypeError("logits", f"expected a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in SUPPORTED_LOGITS_DTYPES:
@@ -130,11 +147,11 @@ def _check_logits(logits) -> tuple[int, ...]:
     if logits.shape[-1] > 1 and logits.stride(-1) != 1:
         raise LayoutError("logits", f"the vocab dim must be contiguous (stride {logits.stride(-1)});"
                           " call .contiguous() first")
-    if logits.device.type == "cpu":
+    if logits.device.type == "cpu" and backend == "triton":
         if not _INTERPRETED:
             raise DeviceError("logits", "CPU tensors need the Triton interpreter: set "
                               "TRITON_INTERPRET=1 before importing rlk_triton, or move to CUDA")
-    elif logits.device.type != "cuda":
+    elif logits.device.type not in ("cuda", "cpu"):
         raise DeviceError("logits", f"unsupported device {logits.device}")
     lead = tuple(logits.shape[:-1])
     if logits.shape[-1] == 0 and math.prod(lead) > 0:

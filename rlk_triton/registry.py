@@ -1,23 +1,58 @@
-"""The registered operators and how `rlk-triton check` verifies each on this machine.
+"""Operators, their backends, and measured capabilities.
 
-Each entry names the op's contract table, its parity cases (small under the interpreter, larger on
-a GPU), its judge (testing.parity) and its row-wise form for the invariance harness.
+Every operator has stable backend ids "<op>.<backend>" (for selected_logp: "selected_logp.triton",
+"selected_logp.torch_reference"; native ones later). A backend's descriptor states what it claims
+(dtypes, devices, autograd, invariance, determinism), the contract that judges it (contract ids per
+dtype), the build it belongs to (fingerprint), and whether it is available HERE: availability is
+measured by running the backend on a small probe and judging the result against its contract, never
+guessed from imports.
+
+`rlk-triton check` also reads this module: each operator names its parity cases, judge and row ops.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import functools
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
 
 import torch
+
+BACKEND_CLASSES = ("production", "reference", "deterministic")
+
+
+@dataclass(frozen=True)
+class Backend:
+    op: str
+    name: str  # the backend's id inside its op; the stable id is f"{op}.{name}"
+    implementation: str
+    backend_class: str  # production | reference | deterministic
+    strict_eligible: bool  # meets every judgment of its contract, invariance included
+    optimized: bool  # counts as an optimized backend for fast=auto/strict
+    speed_rank: int  # lower is faster (from docs/reports); orders candidates
+    dtypes: tuple
+    devices: str
+    autograd: bool
+    parallel_modes: tuple
+    shape_ranges: dict
+    batch_invariant: bool
+    bitwise_deterministic: bool
+    notes: str = ""
+
+    @property
+    def backend_id(self) -> str:
+        return f"{self.op}.{self.name}"
 
 
 @dataclass(frozen=True)
 class Operator:
     name: str
     contract: str
+    backends: tuple
     parity_cases: Callable[[bool], list]  # (on_gpu) -> cases
-    judge: Callable  # (case, device) -> {name: error / bound}
+    judge: Callable  # (case, device, backend=...) -> {name: error / bound}
     row_ops: Callable[[str, bool], list]  # (device, on_gpu) -> [RowOp]
+    probe: Callable[[str, str], None] = field(default=None)  # (backend name, device): raises if unusable
 
 
 def _selected_logp() -> Operator:
@@ -38,8 +73,92 @@ def _selected_logp() -> Operator:
         return [parity.selected_logp_row_op(V, dt, device) for V in Vs
                 for dt in (torch.bfloat16, torch.float16, torch.float32)]
 
-    return Operator("selected_logp", "selected_logp", cases, parity.judge_selected_logp, row_ops)
+    def probe(backend, device):
+        for dt in (torch.bfloat16, torch.float32):
+            ratios = parity.judge_selected_logp(parity.LogpCase(4, 257, dt, "rows", 3.0, "contiguous", seed=1),
+                                                device, backend=backend)
+            if max(ratios.values()) > 1.0:
+                raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
+
+    dtypes = ("bfloat16", "float16", "float32")
+    shapes = {"V": [1, 262144], "leading_dims": "any (up to two without a copy)", "rows": "any"}
+    backends = (
+        Backend("selected_logp", "triton", "Triton kernels, rlk_triton/ops/selected_logp.py", "production",
+                strict_eligible=True, optimized=True, speed_rank=0, dtypes=dtypes,
+                devices="cuda (tuned for sm90); cpu only under the Triton interpreter", autograd=True,
+                parallel_modes=("data",), shape_ranges=shapes, batch_invariant=True, bitwise_deterministic=True),
+        Backend("selected_logp", "torch_reference", "float64 torch, rlk_triton/ops/selected_logp_torch.py",
+                "reference", strict_eligible=True, optimized=False, speed_rank=100, dtypes=dtypes,
+                devices="any torch device", autograd=True, parallel_modes=("data",), shape_ranges=shapes,
+                batch_invariant=True, bitwise_deterministic=True,
+                notes="slow; fixed 16-row chunks make every row's reductions one shape"),
+    )
+    return Operator("selected_logp", "selected_logp", backends, cases, parity.judge_selected_logp, row_ops, probe)
 
 
 def operators() -> list[Operator]:
     return [_selected_logp()]
+
+
+def operator(name: str) -> Operator:
+    for op in operators():
+        if op.name == name:
+            return op
+    from .errors import InputError
+
+    raise InputError("op", f"unknown operator {name!r} (have: {[o.name for o in operators()]})")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def measure_availability(op_name: str, backend: str, device: str) -> tuple[bool, Optional[str]]:
+    """Run the backend's probe on `device` once per process: (available, reason if not)."""
+    op = operator(op_name)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return False, "no CUDA device: torch.cuda.is_available() is False"
+    try:
+        with warnings.catch_warnings():  # the interpreter's NumPy noise from masked lanes
+            warnings.simplefilter("ignore", RuntimeWarning)
+            op.probe(backend, device)
+    except Exception as ex:  # noqa: BLE001 - the reason is the measurement
+        return False, f"probe failed on {device}: {type(ex).__name__}: {ex}"
+    return True, None
+
+
+def build_fingerprint(device: str) -> dict:
+    import triton
+
+    from . import __version__, configs
+    from ._runtime import arch_of
+
+    arch = arch_of(torch.device(device))
+    return {"rlk_triton": __version__, "torch": torch.__version__, "triton": triton.__version__,
+            "arch": arch, "locked_configs": configs.fingerprint(arch)}
+
+
+def describe(backend: Backend, device: str) -> dict:
+    """The JSON-serializable descriptor of a backend on `device`, availability measured."""
+    from . import contracts
+    from ._runtime import arch_of
+
+    arch = arch_of(torch.device(device))
+    available, reason = measure_availability(backend.op, backend.name, device)
+    d = asdict(backend)
+    if arch == "interpreter" and backend.optimized:
+        # Triton kernels under the interpreter compute the same function, but are not fast.
+        d.update(optimized=False, notes=(backend.notes + " " if backend.notes else "")
+                 + "runs under the Triton interpreter here: correct, not optimized")
+    d.update(backend_id=backend.backend_id, device=device,
+             contract_ids={dt: contracts.contract_id(operator(backend.op).contract, dt, arch) for dt in backend.dtypes},
+             build_fingerprint=build_fingerprint(device), available=available, unavailable_reason=reason)
+    d["dtypes"], d["parallel_modes"] = list(backend.dtypes), list(backend.parallel_modes)
+    return d
+
+
+def capabilities(device: Optional[str] = None) -> list[dict]:
+    """Descriptors of every backend of every operator on `device` (default: cuda if present, else cpu)."""
+    device = device or default_device()
+    return [describe(b, device) for op in operators() for b in op.backends]

@@ -107,7 +107,7 @@ def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_I
     return np.abs(ref_grad) + sc * p * (g + np.abs(h)[:, None] * (1.0 + sc)) / t
 
 
-def judge_selected_logp(case: LogpCase, device, with_grad=True) -> dict:
+def judge_selected_logp(case: LogpCase, device, with_grad=True, backend="triton") -> dict:
     """{judgment or output name: ratio of the worst error to the contract bound}."""
     from ..logp import selected_logp
     from ..reference import selected_logp_grad_reference, selected_logp_reference
@@ -115,7 +115,8 @@ def judge_selected_logp(case: LogpCase, device, with_grad=True) -> dict:
     arch = arch_of(torch.device(device))
     logits, tgt, t_arg, x64, tgt64, t64 = build_case(case, device)
     leaf = logits.detach().requires_grad_(with_grad)
-    logp, ent = selected_logp(leaf, tgt, temperature=t_arg, return_entropy=True, ignore_index=IGNORE_INDEX)
+    logp, ent = selected_logp(leaf, tgt, temperature=t_arg, return_entropy=True, ignore_index=IGNORE_INDEX,
+                              backend=backend)
     ref_logp, ref_ent = selected_logp_reference(x64, tgt64, t64, IGNORE_INDEX)
     scale = row_scale(x64, t64)
     fwd = contracts.judgment("selected_logp", case.dtype, "forward_accuracy", arch)["outputs"]
@@ -139,7 +140,7 @@ def judge_selected_logp(case: LogpCase, device, with_grad=True) -> dict:
     return out
 
 
-def selected_logp_row_op(V, dtype, device, temperature="rows", scale=3.0) -> RowOp:
+def selected_logp_row_op(V, dtype, device, temperature="rows", scale=3.0, backend="triton") -> RowOp:
     """selected_logp as a RowOp for the invariance harness (inputs: logits, targets, temperatures)."""
     from ..logp import selected_logp, selected_logp_indexed
 
@@ -153,17 +154,18 @@ def selected_logp_row_op(V, dtype, device, temperature="rows", scale=3.0) -> Row
         return temps if temperature == "rows" else float(temperature)
 
     def forward(logits, targets, temps):
-        return selected_logp(logits, targets, temperature=t_arg(temps), return_entropy=True)
+        return selected_logp(logits, targets, temperature=t_arg(temps), return_entropy=True, backend=backend)
 
     def indexed(inputs, rows):
         logits, targets, temps = inputs
         t = temps[rows] if temperature == "rows" else float(temperature)
-        return selected_logp_indexed(logits, targets[rows], rows, temperature=t, return_entropy=True)
+        return selected_logp_indexed(logits, targets[rows], rows, temperature=t, return_entropy=True,
+                                     backend=backend)
 
     def padding(n, gen):  # what a padded batch holds: zero logits, ignored targets, T = 1
         return (torch.zeros(n, V, dtype=dtype, device=device),
                 torch.full((n,), IGNORE_INDEX, dtype=torch.long, device=device),
                 torch.ones(n, device=device))
 
-    return RowOp(f"selected_logp[V={V},{contracts.dtype_name(dtype)},T={temperature}]",
+    return RowOp(f"selected_logp.{backend}[V={V},{contracts.dtype_name(dtype)},T={temperature}]",
                  forward, make_rows, grad_inputs=(0,), indexed=indexed, make_padding=padding)

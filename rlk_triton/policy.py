@@ -1,0 +1,203 @@
+"""The fast / consistency mode policy: which backend runs an operator, as a structured decision.
+
+Two orthogonal switches, from arguments or else the environment, else "off":
+  fast         off | auto | strict      (RLK_FAST)         may rlk_triton run the op, and must it?
+  consistency  off | audit | strict     (RLK_CONSISTENCY)  are rollout/trainer diagnostics on, must they hold?
+and an operator allowlist (argument, else RLK_OPS="selected_logp,..."; unset or "*" = every op).
+
+| fast   | consistency | behaviour |
+|--------|-------------|-----------|
+| off    | off         | the caller's native path; rlk_triton only answers queries |
+| auto   | off         | the fastest available optimized backend; else warn and fall back to native |
+| strict | off         | an optimized backend is required; error when none is available |
+| off    | audit       | the caller's native path; diagnostics on |
+| off    | strict      | the caller's native path; a contract row is required and checks must pass |
+| auto   | audit       | as auto/off, diagnostics on |
+| auto   | strict      | the fastest strict-eligible optimized backend, else the reference backend (warned), else error |
+| strict | strict      | a strict-eligible optimized backend is required; error otherwise (no reference fallback) |
+
+Precedence: (1) an argument beats the environment, which beats the default "off"; (2) an op outside
+the allowlist is treated as fast=off (rlk_triton never runs it) while its consistency mode still
+applies; (3) consistency audit/strict first requires the op's contract row for the dtype: a missing
+row fails closed, whatever fast says; (4) then fast picks among the backends, fastest first.
+Every resolution yields a Decision (JSON-serializable); a failed one raises PolicyError carrying it.
+Fallbacks are never silent: they are recorded in the decision and warned with RlkFallbackWarning.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Optional
+
+import torch
+
+from . import contracts, registry
+from ._runtime import arch_of
+from .errors import ContractError, InputError, PolicyError, RlkFallbackWarning
+
+FAST_MODES = ("off", "auto", "strict")
+CONSISTENCY_MODES = ("off", "audit", "strict")
+NATIVE = "native"
+
+
+@dataclass
+class Decision:
+    op: str
+    dtype: str
+    device: str
+    arch: str
+    requested: dict
+    candidates: list = field(default_factory=list)
+    chosen: str = NATIVE
+    contract_id: Optional[str] = None
+    fallback: dict = field(default_factory=lambda: {"used": False, "reason": None})
+    diagnostics: bool = False  # consistency audit/strict: compute rlk_triton.audit reports
+    contract_checks_required: bool = False  # consistency strict: a failed audit is an error
+    status: str = "ok"
+    error: Optional[str] = None
+
+    @property
+    def uses_rlk(self) -> bool:
+        return self.chosen != NATIVE
+
+    @property
+    def backend(self) -> Optional[str]:
+        """The backend name to pass as `backend=` to the op, or None for the caller's native path."""
+        return self.chosen.split(".", 1)[1] if self.uses_rlk else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class DecisionLog:
+    """Collects decision records, e.g. per training step: log.records() -> list of dicts."""
+
+    def __init__(self):
+        self._records = []
+
+    def append(self, decision: Decision) -> None:
+        self._records.append(decision.to_dict())
+
+    def records(self) -> list:
+        return list(self._records)
+
+    def clear(self) -> None:
+        self._records.clear()
+
+
+def _mode(value, env_name, allowed, env) -> tuple[str, str]:
+    if value is not None:
+        source, mode = "argument", value
+    elif env.get(env_name):
+        source, mode = f"env {env_name}", env[env_name]
+    else:
+        source, mode = "default", "off"
+    mode = str(mode).strip().lower()
+    if mode not in allowed:
+        name = env_name if source.startswith("env") else env_name.removeprefix("RLK_").lower()
+        raise InputError(name, f"{mode!r} is not one of {', '.join(allowed)} (from {source})")
+    return mode, source
+
+
+def _allowlist(allowlist, env) -> Optional[list]:
+    if allowlist is not None:
+        return sorted(allowlist)
+    raw = env.get("RLK_OPS", "").strip()
+    if raw in ("", "*"):
+        return None
+    return sorted(x.strip() for x in raw.split(",") if x.strip())
+
+
+def resolve(
+    op: str,
+    *,
+    dtype,
+    device: Optional[str] = None,
+    fast: Optional[str] = None,
+    consistency: Optional[str] = None,
+    allowlist: Optional[Iterable[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    log: Optional[DecisionLog] = None,
+) -> Decision:
+    """Decide which backend runs `op` for logits of `dtype` on `device`. Raises PolicyError on failure."""
+    env = os.environ if env is None else env
+    device = device or registry.default_device()
+    fast_mode, fast_src = _mode(fast, "RLK_FAST", FAST_MODES, env)
+    cons_mode, cons_src = _mode(consistency, "RLK_CONSISTENCY", CONSISTENCY_MODES, env)
+    allowed = _allowlist(allowlist, env)
+    entry = registry.operator(op)
+    dt = contracts.dtype_name(dtype)
+    arch = arch_of(torch.device(device))
+    d = Decision(op, dt, device, arch, requested={
+        "fast": fast_mode, "consistency": cons_mode, "source": {"fast": fast_src, "consistency": cons_src},
+        "allowlist": allowed})
+    d.diagnostics = cons_mode != "off"
+    d.contract_checks_required = cons_mode == "strict"
+    effective_fast = fast_mode
+    if allowed is not None and op not in allowed:
+        effective_fast = "off"
+        d.requested["allowlisted"] = False
+
+    def fail(reason):
+        d.status, d.error = "error", reason
+        if log is not None:
+            log.append(d)
+        raise PolicyError(f"{op} ({dt} on {device}, fast={fast_mode}, consistency={cons_mode}): {reason}",
+                          d.to_dict())
+
+    if cons_mode != "off":
+        try:
+            d.contract_id = contracts.contract_id(entry.contract, dt, arch)
+        except ContractError as ex:
+            fail(f"consistency={cons_mode} needs a contract row: {ex}")
+    else:
+        try:
+            d.contract_id = contracts.contract_id(entry.contract, dt, arch)
+        except ContractError:
+            d.contract_id = None
+
+    descriptors = sorted((registry.describe(b, device) for b in entry.backends), key=lambda x: x["speed_rank"])
+    need_strict = cons_mode == "strict"
+    chosen, reasons = None, {}
+    for desc in descriptors:
+        bid = desc["backend_id"]
+        if effective_fast == "off":
+            reasons[bid] = "not taken: fast=off, the caller's native path runs" + (
+                " (op not in the allowlist)" if fast_mode != "off" else "")
+        elif not desc["available"]:
+            reasons[bid] = f"unavailable: {desc['unavailable_reason']}"
+        elif dt not in desc["dtypes"]:
+            reasons[bid] = f"dtype {dt} not supported (supports {', '.join(desc['dtypes'])})"
+        elif need_strict and not desc["strict_eligible"]:
+            reasons[bid] = "not strict-eligible"
+        elif not desc["optimized"]:
+            reasons[bid] = "not an optimized backend" + (f" ({desc['notes']})" if desc["notes"] else "")
+        elif chosen is None:
+            chosen = bid
+            reasons[bid] = "taken: fastest eligible backend"
+        else:
+            reasons[bid] = f"not taken: {chosen} is faster"
+    if chosen is None and effective_fast == "auto" and need_strict:
+        # auto/strict: the contract-preserving reference backend is the declared fallback
+        for desc in descriptors:
+            bid = desc["backend_id"]
+            if (desc["backend_class"] == "reference" and desc["available"] and desc["strict_eligible"]
+                    and dt in desc["dtypes"]):
+                chosen = bid
+                reasons[bid] = "taken: contract-preserving reference fallback"
+                d.fallback = {"used": True, "reason": "no strict-eligible optimized backend is available"}
+                break
+    d.candidates = [{"backend_id": x["backend_id"], "class": x["backend_class"], "available": x["available"],
+                     "taken": x["backend_id"] == chosen, "reason": reasons[x["backend_id"]]} for x in descriptors]
+    if effective_fast != "off" and chosen is None:
+        why = "; ".join(f"{c['backend_id']}: {c['reason']}" for c in d.candidates)
+        if effective_fast == "strict" or need_strict:
+            fail(f"no backend satisfies fast={fast_mode}, consistency={cons_mode}: {why}")
+        d.fallback = {"used": True, "reason": f"no optimized backend is available; the caller's native path runs ({why})"}
+    d.chosen = chosen or NATIVE
+    if d.fallback["used"]:
+        warnings.warn(f"rlk_triton {op}: {d.fallback['reason']} -> {d.chosen}", RlkFallbackWarning, stacklevel=2)
+    if log is not None:
+        log.append(d)
+    return d
