@@ -4,6 +4,10 @@
                                  machine (GPU if present, else the interpreter on small shapes) and
                                  bitwise batch invariance; prints a pass/fail table; exit 1 on a fail
   rlk-triton configs [--json]    the locked launch-config table and its fingerprint
+  rlk-triton capabilities [--json] [--device D]
+                                 every backend's descriptor, availability measured on this machine
+  rlk-triton resolve OP --dtype D [--fast M] [--consistency M] [--device D]
+                                 the mode policy's decision record (JSON); exit 1 when it fails
 """
 from __future__ import annotations
 
@@ -92,6 +96,38 @@ def _configs(args) -> int:
     return 0
 
 
+def _capabilities(args) -> int:
+    _prepare_runtime()
+    from .registry import capabilities
+
+    caps = capabilities(args.device)
+    if args.json:
+        print(json.dumps(caps, indent=1))
+        return 0
+    fp = caps[0]["build_fingerprint"] if caps else {}
+    print(f"device {caps[0]['device'] if caps else '?'}; build " + ", ".join(f"{k} {v}" for k, v in fp.items()))
+    print(f"{'backend':32s} {'class':10s} {'strict':6s} {'optimized':9s} {'available':9s} why not / notes")
+    for c in caps:
+        print(f"{c['backend_id']:32s} {c['backend_class']:10s} {str(c['strict_eligible']):6s} "
+              f"{str(c['optimized']):9s} {str(c['available']):9s} {c['unavailable_reason'] or c['notes']}")
+    return 0
+
+
+def _resolve(args) -> int:
+    _prepare_runtime()
+    from . import policy
+    from .errors import PolicyError
+
+    try:
+        d = policy.resolve(args.op, dtype=args.dtype, device=args.device, fast=args.fast,
+                           consistency=args.consistency)
+    except PolicyError as ex:
+        print(json.dumps(ex.decision, indent=1))
+        return 1
+    print(json.dumps(d.to_dict(), indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rlk-triton", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +138,17 @@ def main(argv=None) -> int:
     g = sub.add_parser("configs", help="the locked launch configs and their fingerprint")
     g.add_argument("--json", action="store_true")
     g.set_defaults(fn=_configs)
+    k = sub.add_parser("capabilities", help="backend descriptors, availability measured here")
+    k.add_argument("--json", action="store_true")
+    k.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    k.set_defaults(fn=_capabilities)
+    r = sub.add_parser("resolve", help="the mode policy's decision for an operator")
+    r.add_argument("op")
+    r.add_argument("--dtype", required=True)
+    r.add_argument("--device", default=None)
+    r.add_argument("--fast", default=None, help="off | auto | strict (default: RLK_FAST, else off)")
+    r.add_argument("--consistency", default=None, help="off | audit | strict (default: RLK_CONSISTENCY, else off)")
+    r.set_defaults(fn=_resolve)
     args = ap.parse_args(argv)
     return args.fn(args)
 

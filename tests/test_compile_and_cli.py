@@ -76,3 +76,22 @@ def test_runs_on_the_current_stream():
         out = selected_logp(x, t)
     s.synchronize()
     assert torch.equal(out, ref)
+
+
+def test_cli_capabilities_json_and_table():
+    out = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "capabilities", "--json"], capture_output=True,
+                         text=True, check=True)
+    caps = json.loads(out.stdout)
+    assert {c["backend_id"] for c in caps} == {"selected_logp.triton", "selected_logp.torch_reference"}
+    table = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "capabilities"], capture_output=True,
+                           text=True, check=True).stdout
+    assert "selected_logp.torch_reference" in table and "available" in table
+
+
+def test_cli_resolve_prints_the_record_and_fails_closed():
+    ok = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "resolve", "selected_logp", "--dtype", "bfloat16",
+                         "--fast", "auto", "--consistency", "strict"], capture_output=True, text=True)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["chosen"].startswith("selected_logp.")
+    bad = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "resolve", "selected_logp", "--dtype", "float64",
+                          "--consistency", "strict"], capture_output=True, text=True)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["status"] == "error"
