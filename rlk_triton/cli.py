@@ -46,17 +46,24 @@ def _check(args) -> int:
     rows = []
     t0 = time.time()
     for op in registry.operators():
-        for case in op.parity_cases(on_gpu):
-            ratios = op.judge(case, device)  # the production (Triton) backend
-            worst = max(ratios.values())
-            rows.append({"op": op.name, "check": "parity", "case": case.label(),
-                         "contract_id": contracts.contract_id(op.contract, case.dtype, arch),
-                         "worst_ratio": worst, "ratios": ratios, "passed": worst <= 1.0})
-            _progress(args, rows[-1])
+        for backend in op.backends:
+            available, why = registry.measure_availability(op.name, backend.name, device)
+            if not available:
+                rows.append({"op": op.name, "backend": backend.backend_id, "check": "available",
+                             "case": why, "passed": backend.backend_class != "production" or not on_gpu})
+                _progress(args, rows[-1])
+                continue
+            for case in op.parity_cases(on_gpu):
+                ratios = op.judge(case, device, backend=backend.name)
+                worst = max(ratios.values())
+                rows.append({"op": op.name, "backend": backend.backend_id, "check": "parity", "case": case.label(),
+                             "contract_id": contracts.contract_id(op.contract, case.dtype, arch),
+                             "worst_ratio": worst, "ratios": ratios, "passed": worst <= 1.0})
+                _progress(args, rows[-1])
         for row_op in op.row_ops(device, on_gpu):
             rep = check_batch_invariance(row_op, probe_rows=3, batch_sizes=(5, 64) if on_gpu else (4, 7))
             bad = rep.failures()
-            rows.append({"op": op.name, "check": "invariance", "case": row_op.name,
+            rows.append({"op": op.name, "backend": row_op.name.split("[")[0], "check": "invariance", "case": row_op.name,
                          "axes": sorted({r.axis for r in rep.results}),
                          "failures": [f"{r.axis}/{r.variant}/{r.what}" for r in bad], "passed": not bad})
             _progress(args, rows[-1])
@@ -73,9 +80,13 @@ def _progress(args, row):
     if args.json:
         return
     status = "PASS" if row["passed"] else "FAIL"
-    detail = (f"worst error / bound {row['worst_ratio']:.3f}" if row["check"] == "parity"
-              else ("bitwise on " + ", ".join(row["axes"])) if row["passed"] else "; ".join(row["failures"]))
-    print(f"  {status}  {row['op']:14s} {row['check']:10s} {row['case']:60s} {detail}", flush=True)
+    if row["check"] == "parity":
+        detail = f"worst error / bound {row['worst_ratio']:.3f}"
+    elif row["check"] == "invariance":
+        detail = ("bitwise on " + ", ".join(row["axes"])) if row["passed"] else "; ".join(row["failures"])
+    else:
+        detail = "unavailable"
+    print(f"  {status}  {row['backend']:30s} {row['check']:10s} {row['case']:56s} {detail}", flush=True)
 
 
 def _configs(args) -> int:

@@ -70,8 +70,8 @@ def _selected_logp() -> Operator:
 
     def row_ops(device, on_gpu):
         Vs = (1000, 151936) if on_gpu else (1000,)
-        return [parity.selected_logp_row_op(V, dt, device) for V in Vs
-                for dt in (torch.bfloat16, torch.float16, torch.float32)]
+        return [parity.selected_logp_row_op(V, dt, device, backend=b) for b in ("triton", "torch_reference")
+                for V in Vs for dt in (torch.bfloat16, torch.float16, torch.float32)]
 
     def probe(backend, device):
         for dt in (torch.bfloat16, torch.float32):
