@@ -1,0 +1,376 @@
+"""The dlogp audit: metrics against NumPy float64, exact merges, contract judgments, typed errors."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlk_triton import audit, contracts, errors
+from rlk_triton.testing.parity import make_logits, row_scale
+
+EPS = float(np.finfo(np.float64).eps)
+OP = "selected_logp"
+
+
+def _batch(B=6, T=50, seed=0, active=0.7):
+    """float32 logp of both sides: dlogp from below an ulp (exact zeros) up to clipped sizes."""
+    g = torch.Generator().manual_seed(seed)
+    rollout = -torch.empty(B, T).exponential_(generator=g)
+    size = 10.0 ** (torch.rand(B, T, generator=g) * 9 - 9)
+    train = rollout + torch.randn(B, T, generator=g) * size
+    same = torch.rand(B, T, generator=g) < 0.1
+    train[same] = rollout[same]
+    mask = torch.rand(B, T, generator=g) < active
+    return train.float(), rollout.float(), mask
+
+
+def _assert_mean(ours, terms, extra=()):
+    """ours is the float64 mean of terms up to two summation orders (Higham's gamma_n bound) and the
+    last-ulp differences of the libm functions that made the terms (bounded through `extra`)."""
+    terms = np.asarray(terms, np.float64)
+    n = terms.size
+    u = EPS / 2
+    gamma = (n + 2) * u / (1 - (n + 2) * u)
+    ref = terms.sum() / n
+    bound = 2 * gamma * (np.abs(terms).sum() + np.abs(np.asarray(extra, np.float64)).sum()) / n + EPS * abs(ref)
+    assert abs(ours - ref) <= bound, (ours, ref, bound)
+
+
+def _numpy_metrics(train, rollout, mask, eps_low, eps_high):
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    m = m.astype(bool)
+    d = np.where(t == r, 0.0, t - r)
+    key = np.where(m, np.abs(d), -1.0)
+    w = int(np.argmax(key.ravel()))
+    b, p = np.unravel_index(w, d.shape) if d.ndim == 2 else (0, w)
+    dv = d[m]
+    ratio = np.exp(dv)
+    return {"d": dv, "active": int(m.sum()), "exact": int((dv == 0).sum()), "abs_max": float(np.abs(dv).max()),
+            "worst": (int(b), int(p), float(t.reshape(-1)[w]), float(r.reshape(-1)[w])),
+            "quantiles": np.quantile(np.abs(dv), audit.QUANTILES, method="linear"),
+            "clipped": int(((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).sum()), "ratio": ratio}
+
+
+def test_metrics_match_numpy_float64():
+    train, rollout, mask = _batch()
+    rep = audit.compare_logp(train, rollout, mask, dtype=torch.float32, clip_range=(0.2, 0.28), expect_bitwise=True)
+    ref = _numpy_metrics(train, rollout, mask, 0.2, 0.28)
+    d = ref["d"]
+    assert (rep.samples, rep.tokens, rep.active, rep.nonfinite) == (6, 300, ref["active"], 0)
+    assert rep.coverage == ref["active"] / 300 and rep.exact == ref["exact"] and 0 < rep.exact < rep.active
+    assert rep.abs_max == ref["abs_max"]
+    w = rep.worst
+    assert (w.sample, w.position, w.train, w.rollout) == ref["worst"]
+    assert rep.percentiles_exact and list(rep.percentiles.values()) == list(ref["quantiles"])
+    assert 0 < rep.clipped == ref["clipped"] and rep.clipfrac0 == ref["clipped"] / ref["active"]
+    _assert_mean(rep.abs_mean, np.abs(d))
+    _assert_mean(rep.dlogp_mean, d)
+    _assert_mean(rep.ratio0, ref["ratio"], extra=ref["ratio"])
+    _assert_mean(rep.approx_kl0, np.expm1(d) - d, extra=np.abs(np.expm1(d)) + np.abs(d))
+    assert rep.abs_mean == rep.sum_abs / rep.finite and rep.ratio0 == rep.sum_ratio / rep.finite
+    assert sum(rep.histogram) == rep.active and rep.histogram[0] == rep.exact
+    assert rep.status == audit.FAIL and rep.passed is False
+
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    for i, s in enumerate(rep.per_sample):
+        di = np.where(t[i] == r[i], 0.0, t[i] - r[i])[m[i].astype(bool)]
+        assert (s.active, s.nonfinite, s.abs_max) == (di.size, 0, float(np.abs(di).max()))
+        _assert_mean(s.abs_mean, np.abs(di))
+        _assert_mean(s.ratio0, np.exp(di), extra=np.exp(di))
+        _assert_mean(s.approx_kl0, np.expm1(di) - di, extra=np.abs(np.expm1(di)) + np.abs(di))
+        ri = np.exp(di)
+        assert s.clipfrac0 == int(((ri < 0.8) | (ri > 1.28)).sum()) / di.size
+    json.dumps(rep.to_dict(histogram=True), allow_nan=False)
+
+
+def test_flat_input_is_one_sample():
+    train, rollout, mask = _batch(B=3, T=40, seed=1)
+    two_d = audit.compare_logp(train, rollout, mask, dtype="float32", expect_bitwise=True)
+    flat = audit.compare_logp(train.flatten(), rollout.flatten(), mask.flatten(), dtype="float32", expect_bitwise=True)
+    assert flat.samples == 1 and len(flat.per_sample) == 1 and flat.per_sample[0].active == two_d.active
+    assert (flat.active, flat.exact, flat.abs_max, flat.histogram) == (two_d.active, two_d.exact, two_d.abs_max,
+                                                                      two_d.histogram)
+    assert flat.percentiles == two_d.percentiles
+    assert (flat.worst.sample, flat.worst.position) == (0, two_d.worst.sample * 40 + two_d.worst.position)
+
+
+def _bitwise(train, rollout, mask=None, **kw):
+    return audit.compare_logp(train, rollout, mask, dtype="float32", expect_bitwise=True, **kw)
+
+
+@pytest.mark.parametrize("shape", ((4, 9), (0, 7), (3, 0), (0,)))
+def test_no_active_token_is_not_applicable(shape):
+    train, rollout, _ = _batch(seed=2)
+    t, r = (x.flatten()[:math.prod(shape)].view(shape) for x in (train, rollout))
+    rep = _bitwise(t, r, torch.zeros(t.shape, dtype=torch.bool))
+    assert rep.status == audit.NOT_APPLICABLE and rep.passed is None and rep.active == 0
+    out = rep.to_dict(histogram=True)
+    text = json.dumps(out, allow_nan=False)
+    assert "NaN" not in text and "nan" not in text
+    for k in ("abs_mean", "abs_max", "abs_p50", "abs_p90", "abs_p99", "ratio0", "clipfrac0", "approx_kl0",
+              "dlogp_mean", "worst_token"):
+        assert out[k] is None, k
+    assert all(v is None for s in out["per_sample"] for k, v in s.items() if k not in ("active", "nonfinite"))
+    assert "no active tokens" in rep.summary()
+
+
+def test_not_applicable_is_left_out_of_merged_pass_fail():
+    train, rollout, mask = _batch(seed=3)
+    na = _bitwise(train, rollout, torch.zeros_like(mask))
+    good = _bitwise(train, train.clone(), mask)
+    bad = _bitwise(train, rollout, mask)
+    assert good.status == audit.PASS and bad.status == audit.FAIL
+    assert audit.LogpAuditReport.merge(na, good, na).status == audit.PASS
+    assert audit.merge_reports([good, na, bad]).status == audit.FAIL
+    merged = audit.LogpAuditReport.merge(na, na)
+    assert merged.status == audit.NOT_APPLICABLE and merged.report_counts == {"pass": 0, "fail": 0, "not_applicable": 2}
+    assert audit.merge_reports([good, na, bad]).report_counts == {"pass": 1, "fail": 1, "not_applicable": 1}
+    json.dumps(merged.to_dict(), allow_nan=False)
+
+
+def test_merged_micro_batches_equal_one_report_of_the_whole_batch():
+    train, rollout, mask = _batch(B=8, T=40, seed=4)
+    train[6, 17] = rollout[6, 17] - 3.0  # the worst token sits in the last micro-batch
+    mask[6, 17] = True
+    ids = torch.arange(8 * 40).view(8, 40)
+    cuts = ((0, 3), (3, 4), (4, 8))
+    parts = []
+    for a, b in cuts:
+        m = mask[a:b] if (a, b) != (3, 4) else torch.zeros_like(mask[a:b])  # one micro-batch all padding
+        parts.append(_bitwise(train[a:b], rollout[a:b], m, metadata={"token_id": ids[a:b], "step": 7}))
+    whole = _bitwise(train, rollout, torch.cat([mask[:3], torch.zeros_like(mask[3:4]), mask[4:]]),
+                     metadata={"token_id": ids, "step": 7})
+    merged = audit.LogpAuditReport.merge(*parts)
+    for k in ("samples", "tokens", "active", "exact", "clipped", "nonfinite", "abs_max", "worst", "histogram"):
+        assert getattr(merged, k) == getattr(whole, k), k
+    assert merged.worst.sample == 6 and merged.worst.metadata == {"token_id": 6 * 40 + 17, "step": 7}
+    assert [(s.active, s.abs_max) for s in merged.per_sample] == [(s.active, s.abs_max) for s in whole.per_sample]
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    m[3] = False
+    d = np.where(t == r, 0.0, t - r)[m.astype(bool)]
+    for rep in (merged, whole):
+        _assert_mean(rep.abs_mean, np.abs(d))
+        _assert_mean(rep.dlogp_mean, d)
+        _assert_mean(rep.ratio0, np.exp(d), extra=np.exp(d))
+        _assert_mean(rep.approx_kl0, np.expm1(d) - d, extra=np.abs(np.expm1(d)) + np.abs(d))
+    assert merged.clipfrac0 == whole.clipfrac0
+    assert not merged.percentiles_exact and whole.percentiles_exact
+    f = audit.PERCENTILE_MERGE_FACTOR
+    for q, exact in whole.percentiles.items():
+        assert exact / f <= merged.percentiles[q] <= exact * f, q
+    # One batch with values (the rest not applicable) keeps its exact percentiles.
+    kept = audit.LogpAuditReport.merge(parts[1], parts[0])
+    assert kept.percentiles_exact and kept.percentiles == parts[0].percentiles
+    assert kept.worst.sample == parts[0].worst.sample + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merged_percentiles_within_the_bin_bound_over_many_decades(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 4000
+    size = 10.0 ** (torch.rand(n, generator=g, dtype=torch.float64) * 14 - 11.5)  # inside [1e-12, 1e3)
+    size[torch.rand(n, generator=g) < 0.2] = 0.0
+    rollout = -torch.rand(n, generator=g, dtype=torch.float64)
+    train = rollout - size * torch.sign(torch.randn(n, generator=g, dtype=torch.float64))
+    exact = np.quantile(np.abs((train - rollout).numpy()), audit.QUANTILES)
+    cuts = torch.tensor_split(torch.arange(n), 5)
+    merged = audit.merge_reports(_bitwise(train[c], rollout[c]) for c in cuts)
+    f = audit.PERCENTILE_MERGE_FACTOR
+    for q, e in zip(audit.QUANTILES, exact):
+        assert e / f <= merged.percentiles[q] <= e * f, (q, e, merged.percentiles[q])
+
+
+def _rank_worker(rank, world, init_method, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        train, rollout, mask = _batch(B=3 + rank, T=20, seed=10 + rank)
+        merged = audit.merge_across_ranks(_bitwise(train, rollout, mask))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(merged.to_dict(histogram=True), allow_nan=False))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_merge_across_ranks_gloo(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_worker, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got[0] == got[1]
+    local = [_bitwise(*_batch(B=3 + r, T=20, seed=10 + r)) for r in range(2)]
+    expect = audit.LogpAuditReport.merge(*local)
+    assert got[0] == json.loads(json.dumps(expect.to_dict(histogram=True)))
+    assert got[0]["samples"] == 7 and got[0]["reports"]["fail"] == 2
+    assert audit.merge_across_ranks(local[0]).to_dict() == local[0].to_dict()  # no process group: a world of one
+
+
+def test_bitwise_judgment_passes_equal_and_fails_one_ulp():
+    train, _, mask = _batch(seed=5)
+    train[0, 0], mask[0, 0] = -math.inf, True  # equal infinities are no difference
+    rep = _bitwise(train, train.clone(), mask)
+    assert rep.status == audit.PASS and rep.exact == rep.active and rep.abs_max == 0.0 and rep.worst_ratio is None
+    assert rep.judgment == "forward_invariance" and rep.kind == "bitwise" and rep.bound is None
+    assert rep.contract_id == contracts.contract_id(OP, torch.float32)
+    off = train.clone()
+    mask[2, 3] = True
+    off[2, 3] = torch.nextafter(train[2, 3], torch.tensor(0.0))
+    rep = _bitwise(train, off, mask)
+    assert rep.status == audit.FAIL and rep.exact == rep.active - 1
+    assert (rep.worst.sample, rep.worst.position) == (2, 3) and rep.abs_max == abs(float(off[2, 3]) - float(train[2, 3]))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, "float16", torch.float32))
+def test_accuracy_judgment_passes_at_the_contract_bound_and_fails_past_it(dtype):
+    bound = contracts.judgment(OP, dtype, "forward_accuracy")["outputs"]["logp"]
+    scale = torch.linspace(2.0, 30.0, 4, dtype=torch.float64)[:, None]  # per row
+    allowed = (2.0 * (bound["atol"] + bound["rtol"] * scale)).expand(4, 6)
+    rollout = torch.zeros(4, 6, dtype=torch.float64)
+
+    def judge(train, rs=scale):
+        return audit.compare_logp(train, rollout, dtype=dtype, row_scale=rs)
+
+    at = judge(-allowed.clone())
+    assert at.status == audit.PASS and at.worst_ratio == 1.0 and at.judgment == "forward_accuracy"
+    assert at.bound == {"atol": bound["atol"], "rtol": bound["rtol"]}
+    assert judge(-allowed / 2).worst_ratio == 0.5
+    past = -allowed.clone()
+    past[1, 4] = torch.nextafter(past[1, 4], torch.tensor(-math.inf, dtype=torch.float64))
+    rep = judge(past)
+    assert rep.status == audit.FAIL and rep.worst_ratio > 1.0
+    flat = judge(-allowed[2].clone().expand(4, 6).contiguous(), rs=float(scale[2]))  # a float row_scale
+    assert flat.status == audit.PASS and flat.worst_ratio == 1.0
+
+
+def test_arch_override_names_its_contract():
+    train, rollout, mask = _batch(seed=6)
+    for arch in (None, "interpreter"):
+        rep = audit.compare_logp(train, rollout, mask, dtype=torch.bfloat16, row_scale=20.0, arch=arch)
+        assert rep.contract_id == contracts.contract_id(OP, torch.bfloat16, arch) and rep.arch == arch
+    assert contracts.contract_id(OP, torch.bfloat16, "interpreter") != contracts.contract_id(OP, torch.bfloat16)
+
+
+def test_missing_contract_rows_fail_closed():
+    train, rollout, mask = _batch(seed=7)
+    for kw in ({"expect_bitwise": True}, {"row_scale": 1.0}):
+        with pytest.raises(errors.ContractError):
+            audit.compare_logp(train, rollout, mask, dtype=torch.float64, **kw)
+        with pytest.raises(errors.ContractError):
+            audit.compare_logp(train, rollout, mask, op="no_such_op", dtype=torch.float32, **kw)
+    with pytest.raises(errors.InputError) as e:
+        audit.compare_logp(train, rollout, mask, dtype=torch.bfloat16)
+    assert e.value.argument == "row_scale"
+
+
+def test_merging_different_laws_raises():
+    train, rollout, mask = _batch(seed=8)
+    base = _bitwise(train, rollout, mask)
+    others = (
+        audit.compare_logp(train, rollout, mask, dtype="float32", row_scale=5.0),
+        audit.compare_logp(train, rollout, mask, dtype="bfloat16", expect_bitwise=True),
+        _bitwise(train, rollout, mask, clip_range=0.3),
+        audit.compare_logp(train, rollout, mask, dtype="bfloat16", expect_bitwise=True, arch="interpreter"),
+    )
+    for other in others:
+        with pytest.raises(audit.ReportMismatchError) as e:
+            audit.LogpAuditReport.merge(base, other)
+        assert isinstance(e.value, errors.InputError) and e.value.argument == "reports"
+    with pytest.raises(errors.InputError):
+        audit.merge_reports([])
+
+
+def test_nonfinite_tokens_fail_and_stay_out_of_the_metrics():
+    train, rollout, mask = _batch(seed=9)
+    mask[:] = True
+    rollout[0, 5] = float("nan")
+    train[1, 2] = -math.inf
+    train[3, 3] = float("nan")
+    mask[3, 3] = False  # inactive: ignored
+    for kw in ({"expect_bitwise": True}, {"row_scale": 1e9}):
+        rep = audit.compare_logp(train, rollout, mask, dtype="float32", **kw)
+        assert rep.status == audit.FAIL and rep.nonfinite == 2 and rep.finite == rep.active - 2
+        assert (rep.first_nonfinite.sample, rep.first_nonfinite.position) == (0, 5)
+        assert math.isfinite(rep.abs_mean) and math.isfinite(rep.abs_max) and sum(rep.histogram) == rep.finite
+        assert rep.per_sample[0].nonfinite == 1 and rep.per_sample[1].nonfinite == 1
+        text = json.dumps(rep.to_dict(), allow_nan=False)
+        assert '"rollout": "nan"' in text
+    assert rep.worst_ratio <= 1.0  # the finite tokens are within the loose bound: the NaN alone fails it
+
+
+def test_metadata_is_read_at_the_worst_token_or_copied():
+    train, rollout, mask = _batch(B=2, T=5, seed=11)
+    train[1, 3], mask[1, 3] = rollout[1, 3] + 2.0, True
+    meta = {"token_id": torch.arange(10).view(2, 5), "sample_id": torch.tensor([40, 41]), "step": 3,
+            "tag": "rank0"}
+    rep = _bitwise(train, rollout, mask, metadata=meta)
+    assert rep.worst.metadata == {"token_id": 8, "sample_id": [40, 41], "step": 3, "tag": "rank0"}
+    assert json.loads(json.dumps(rep.to_dict(), allow_nan=False))["worst_token"]["metadata"]["token_id"] == 8
+
+
+@pytest.mark.parametrize("case, error, argument", [
+    (lambda t, r, m: (t, r[:, :-1], m), errors.ShapeError, "rollout_logp"),
+    (lambda t, r, m: (t[None], r[None], m[None]), errors.ShapeError, "train_logp"),
+    (lambda t, r, m: (t.long(), r, m), errors.DTypeError, "train_logp"),
+    (lambda t, r, m: (t, r.tolist(), m), errors.DTypeError, "rollout_logp"),
+    (lambda t, r, m: (t, r.to("meta"), m), errors.DeviceError, "rollout_logp"),
+    (lambda t, r, m: (t, r, m[:, :-1]), errors.ShapeError, "mask"),
+    (lambda t, r, m: (t, r, m.float() * 0.5), errors.InputError, "mask"),
+    (lambda t, r, m: (t, r, m.to(torch.complex64)), errors.DTypeError, "mask"),
+    (lambda t, r, m: (t, r, m.to("meta")), errors.DeviceError, "mask"),
+])
+def test_bad_inputs_raise_typed_errors(case, error, argument):
+    with pytest.raises(error) as e:
+        _bitwise(*case(*_batch(B=2, T=4)))
+    assert e.value.argument == argument
+
+
+def test_int_and_float_masks_are_masks():
+    train, rollout, mask = _batch(seed=12)
+    ref = _bitwise(train, rollout, mask)
+    for m in (mask.long(), mask.float()):
+        assert _bitwise(train, rollout, m).to_dict() == ref.to_dict()
+
+
+@pytest.mark.parametrize("clip_range", (-0.1, 1.0, (0.2,), (0.2, 0.2, 0.2), "0.2", True, math.nan, (0.2, math.inf)))
+def test_bad_clip_range(clip_range):
+    with pytest.raises(errors.InputError) as e:
+        _bitwise(*_batch(B=2, T=4), clip_range=clip_range)
+    assert e.value.argument == "clip_range"
+
+
+@pytest.mark.parametrize("rs, error", [
+    (-1.0, errors.InputError), (math.nan, errors.InputError), ("1", errors.InputError),
+    (torch.ones(3, 1), errors.ShapeError), (torch.ones(2, 1, dtype=torch.long), errors.DTypeError),
+    (torch.ones(2, 1, device="meta"), errors.DeviceError),
+])
+def test_bad_row_scale(rs, error):
+    with pytest.raises(error) as e:
+        audit.compare_logp(*_batch(B=2, T=4), dtype="float32", row_scale=rs)
+    assert e.value.argument == "row_scale"
+
+
+def test_bad_metadata():
+    with pytest.raises(errors.InputError) as e:
+        _bitwise(*_batch(B=2, T=4), metadata=[1])
+    assert e.value.argument == "metadata"
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_logp_row_scale_is_the_parity_row_scale(dtype):
+    g = torch.Generator().manual_seed(13)
+    x = make_logits(2 * 7, 301, dtype, 9.0, g, "cpu").view(2, 7, 301)
+    x[0, 2, 5] = -math.inf
+    x[1, 1, :] = -math.inf
+    x[1, 1, 3] = 2.0
+    buf = torch.zeros(2, 8, 301, dtype=dtype)
+    buf[:, :-1] = x
+    temps = 0.5 + torch.rand(2, 7, generator=g)
+    ours = audit.logp_row_scale(buf[:, :-1], temps, chunk_rows=3)  # strided, in chunks
+    ref = row_scale(x.reshape(14, 301).double().numpy(), temps.reshape(-1).double().numpy()).reshape(2, 7)
+    assert ours.dtype == torch.float64 and np.array_equal(ours.numpy(), ref)
+    assert np.array_equal(audit.logp_row_scale(x, 0.7).numpy(), row_scale(x.reshape(14, 301).double().numpy(),
+                                                                            0.7).reshape(2, 7))
+    with pytest.raises(errors.TemperatureError):
+        audit.logp_row_scale(x, 0.0)
