@@ -68,7 +68,7 @@ def selected_logp(
     lead = _check_logits(logits, backend)
     _check_index("target_ids", target_ids, logits, lead)
     t_value, t_rows = _check_temperature(temperature, target_ids.shape, logits.device, validate)
-    flat_targets = target_ids.reshape(-1)
+    flat_targets = target_ids.reshape(-1).contiguous()  # the kernel reads targets densely
     if validate:
         _check_targets(flat_targets, logits.shape[-1], ignore_index)
     if backend == "torch_reference":

@@ -108,3 +108,11 @@ def test_indexed_gradient_is_zero_off_the_scored_rows(device):
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
 def test_selected_logp_batch_invariant_large_vocab(dtype, device):
     assert_batch_invariant(selected_logp_row_op(151936, dtype, device, "rows"), probe_rows=3, batch_sizes=(4, 9))
+
+
+def test_strided_targets_and_1d_logits(device):
+    x = _logits(6, 300, torch.float32, device)
+    every_other = torch.randint(0, 300, (12,)).to(device)[::2]  # a strided 1-D view
+    assert torch.equal(selected_logp(x, every_other), selected_logp(x, every_other.clone()))
+    one_row = selected_logp(x[2], every_other[2])
+    assert one_row.shape == () and torch.equal(one_row, selected_logp(x, every_other)[2])
