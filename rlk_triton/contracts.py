@@ -22,9 +22,9 @@ SCHEMA_VERSION = 1
 JUDGMENTS = ("forward_accuracy", "forward_invariance", "gradient_accuracy", "gradient_invariance")
 KINDS = {
     "forward_accuracy": ("scaled_abs",),
-    "gradient_accuracy": ("rounding_plus_sensitivity",),
+    "gradient_accuracy": ("rounding_plus_sensitivity", "not_differentiable"),
     "forward_invariance": ("bitwise",),
-    "gradient_invariance": ("bitwise",),
+    "gradient_invariance": ("bitwise", "not_differentiable"),
 }
 
 

@@ -36,6 +36,8 @@ def contracts_md() -> str:
                     row = contracts.judgment(op, dt, name, arch)
                     if row["kind"] == "bitwise":
                         cells.append("bitwise")
+                    elif row["kind"] == "not_differentiable":
+                        cells.append("not differentiable")
                     elif row["kind"] == "scaled_abs":
                         cells.append("; ".join(f"{o}: atol {_fmt(b['atol'])} + rtol {_fmt(b['rtol'])} x row_scale"
                                                for o, b in row["outputs"].items()))

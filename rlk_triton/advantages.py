@@ -1,0 +1,152 @@
+"""Advantage estimators for RL: GAE as a parallel scan, group-normalized advantages (GRPO, RLOO),
+the REINFORCE++ baseline. Outputs are float32 constants to autograd (no backward).
+
+    from rlk_triton.advantages import gae, group_advantages, reinforce_pp_baseline
+    adv, ret = gae(rewards, values, response_mask, gamma=1.0, lam=0.95)      # [B, T]
+    adv = group_advantages(scores, group_ids, num_groups=G, mode="mean_std")  # [B], GRPO
+
+Groups are always explicit: group_ids [B] in [0, num_groups). Per-sequence and per-token values
+depend only on the rows and the group ids passed in; every kernel has a fixed reduction order
+(rlk_triton/ops/advantages.py), so the results are bitwise reproducible and batch-invariant per
+row (GAE) or per group (group statistics). docs/advantages.md has the math and edge cases.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .errors import DeviceError, DTypeError, InputError, ShapeError
+from .logp import _INTERPRETED
+from .ops import advantages as _ops
+
+GROUP_MODES = tuple(_ops.MODES)
+
+__all__ = ["gae", "group_advantages", "reinforce_pp_baseline", "GROUP_MODES"]
+
+
+def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_values=None):
+    """Generalized advantage estimation over the active tokens of each row.
+
+    rewards, values: float32 [B, T]; mask: bool / 0-1 [B, T] (None: all active). Masked tokens are
+    transparent and get 0. bootstrap_values: [B], the value past each row's last active token
+    (None: 0, a finished sequence). Returns (advantages, returns) float32 [B, T].
+    """
+    _float2("rewards", rewards)
+    _float2("values", values, like=rewards)
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0.0 <= x <= 1.0:
+            raise InputError(name, f"must be a number in [0, 1], got {x!r}")
+    m = _mask("mask", mask, rewards.shape, rewards.device)
+    B = rewards.shape[0]
+    if bootstrap_values is None:
+        boot = torch.zeros(B, dtype=torch.float32, device=rewards.device)
+    else:
+        boot = _vector("bootstrap_values", bootstrap_values, B, rewards.device)
+    _check_device(rewards)
+    return _ops.launch_gae(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
+
+
+def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_std", valid=None,
+                     eps: float = 1e-6):
+    """Per-sequence advantages normalized within explicit groups (GRPO: the samples of one prompt).
+
+    scores: float32 [B]; group_ids: int [B] in [0, num_groups); valid: bool [B] (None: all).
+    mode: "mean" (s - mean), "mean_std" ((s - mean) / (std + eps), unbiased std as torch.std),
+    "rloo" (s - mean of the other members). A group with one valid member, and every invalid row,
+    gets 0: never NaN. Returns float32 [B].
+    """
+    if mode not in GROUP_MODES:
+        raise InputError("mode", f"{mode!r} is not one of {', '.join(GROUP_MODES)}")
+    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise InputError("eps", f"must be a finite number >= 0, got {eps!r}")
+    return _ops.launch_group_advantages(s, g, ok, num_groups, mode, eps)[0]
+
+
+def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=None, eps: float = 1e-6,
+                          token_mean: Optional[float] = None, token_std: Optional[float] = None):
+    """REINFORCE++ with a group baseline: a_i = s_i - mean of its group, broadcast to the active
+    tokens of sequence i, then whitened over all active tokens: (a - mean) / (std + eps).
+
+    The whitening statistics are batch-level: by default over this batch's active tokens (float64,
+    unbiased std); a framework that normalizes globally (across ranks) passes token_mean and
+    token_std. Returns float32 [B, T], 0 on masked tokens.
+    """
+    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid)
+    m = _mask("mask", mask, (s.shape[0], mask.shape[-1] if torch.is_tensor(mask) and mask.dim() == 2 else -1),
+              s.device)
+    a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0)[0]
+    tokens = (m != 0) & (ok != 0)[:, None]
+    if (token_mean is None) != (token_std is None):
+        raise InputError("token_std" if token_std is None else "token_mean",
+                         "pass both token_mean and token_std, or neither")
+    if token_mean is None:
+        per_row = tokens.sum(1).double()
+        n = per_row.sum()
+        mean = (per_row * a.double()).sum() / n.clamp_min(1)
+        var = (per_row * (a.double() - mean) ** 2).sum() / (n - 1).clamp_min(1)
+        token_mean, token_std = mean, var.sqrt()
+    out = (a.double()[:, None] - token_mean) / (token_std + eps)
+    return torch.where(tokens, out, 0.0).float()
+
+
+# ---- validation ----
+
+def _check_device(x):
+    if x.device.type == "cpu" and not _INTERPRETED:
+        raise DeviceError("rewards", "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
+                          "before importing rlk_triton, or move to CUDA")
+
+
+def _float2(name, x, like=None):
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise DTypeError(name, f"must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 2:
+        raise ShapeError(name, f"must be [B, T], got {tuple(x.shape)}")
+    if like is not None:
+        if x.shape != like.shape:
+            raise ShapeError(name, f"shape {tuple(x.shape)} != rewards' {tuple(like.shape)}")
+        if x.device != like.device:
+            raise DeviceError(name, f"on {x.device}, rewards on {like.device}")
+
+
+def _mask(name, mask, shape, device):
+    if mask is None:
+        return torch.ones(shape, dtype=torch.uint8, device=device)
+    if not torch.is_tensor(mask) or mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise DTypeError(name, "must be a bool or 0/1 tensor")
+    if tuple(mask.shape) != tuple(shape):
+        raise ShapeError(name, f"shape {tuple(mask.shape)} != {tuple(shape)}")
+    if mask.device != device:
+        raise DeviceError(name, f"on {mask.device}, expected {device}")
+    return (mask != 0).to(torch.uint8).contiguous()
+
+
+def _vector(name, x, n, device):
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise DTypeError(name, "must be a floating-point tensor")
+    if tuple(x.shape) != (n,):
+        raise ShapeError(name, f"must be [{n}], got {tuple(x.shape)}")
+    if x.device != device:
+        raise DeviceError(name, f"on {x.device}, expected {device}")
+    return x.float().contiguous()
+
+
+def _group_inputs(scores, group_ids, num_groups, valid):
+    if not torch.is_tensor(scores) or not scores.is_floating_point() or scores.dim() != 1:
+        raise DTypeError("scores", "must be a 1-D floating-point tensor [B]")
+    if not torch.is_tensor(group_ids) or group_ids.dtype not in (torch.int32, torch.int64):
+        raise DTypeError("group_ids", "must be an int32 / int64 tensor")
+    if tuple(group_ids.shape) != tuple(scores.shape):
+        raise ShapeError("group_ids", f"shape {tuple(group_ids.shape)} != scores' {tuple(scores.shape)}")
+    if group_ids.device != scores.device:
+        raise DeviceError("group_ids", f"on {group_ids.device}, scores on {scores.device}")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise InputError("num_groups", f"must be an int >= 0, got {num_groups!r}")
+    if group_ids.numel() and bool(((group_ids < 0) | (group_ids >= num_groups)).any()):
+        raise InputError("group_ids", f"ids must lie in [0, num_groups={num_groups})")
+    _check_device(scores)
+    ok = _mask("valid", valid, scores.shape, scores.device)
+    return scores.float().contiguous(), group_ids.to(torch.int32).contiguous(), ok

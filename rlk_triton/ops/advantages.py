@@ -1,0 +1,174 @@
+"""Advantage estimators: GAE as a parallel scan, group-normalized advantages. Kernels + launchers.
+
+GAE, one program per sequence (row of [B, T]), reverse in time. Tiles of BLOCK_T tokens are taken
+from the end of the row to its start, each loaded in reversed order so that a forward
+tl.associative_scan runs backwards in time; a carry links the tiles. Two scans per tile:
+  1. the value of the nearest ACTIVE token to the right of t (masked tokens are transparent; the
+     bootstrap value stands past the last active token);
+  2. the affine recurrence A_t = delta_t + gamma*lam*A_{t+1} on active tokens, identity on masked
+     ones, as the composition of the maps x -> a_t x + b_t (associative).
+Reduction order: tiles from the row's end to its start; inside a tile the compiler's scan tree for
+(BLOCK_T, num_warps); fixed for a config, independent of the batch.
+
+Group statistics, one program per group: the members are stable-sorted by group id so that each
+group is one contiguous segment; two passes over the segment in tiles of BLOCK_B (the sum, then
+the squared deviations from the mean), in member order. No atomics.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (kernel, arch class) -> (block, num_warps). Never depends on the batch size.
+LOCKED = {
+    ("gae", "cuda"): (1024, 4), ("gae", "interpreter"): (512, 1),
+    ("group_stats", "cuda"): (256, 2), ("group_stats", "interpreter"): (1024, 1),
+}
+
+
+def _locked(kernel: str, device: torch.device):
+    return LOCKED[(kernel, "interpreter" if device.type == "cpu" else "cuda")]
+
+
+@triton.jit
+def _nearest_active(v_acc, f_acc, v_new, f_new):
+    # scan state: the value of the nearest active token seen so far (scanning backwards in time)
+    return tl.where(f_new != 0, v_new, v_acc), f_acc | f_new
+
+
+@triton.jit
+def _affine_then(a_acc, b_acc, a_new, b_new):
+    # A_new = b_new + a_new * A_acc: compose the map of the token to the left after the accumulated one
+    return a_new * a_acc, b_new + a_new * b_acc
+
+
+@triton.jit(do_not_specialize=["T", "gamma", "lam"])
+def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, stride_row,
+                gamma, lam, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * stride_row
+    gamma = tl.cast(gamma, tl.float32)
+    glam = gamma * tl.cast(lam, tl.float32)
+    lanes = tl.arange(0, BLOCK_T)
+    carry_v = tl.load(boot_ptr + row)  # the value past the last active token
+    carry_a = tl.zeros((), tl.float32)  # A past the last active token
+    n_tiles = tl.cdiv(T, BLOCK_T)
+    for k in range(0, n_tiles):
+        # reversed positions: lane 0 is the latest token of this tile
+        t = T - 1 - (k * BLOCK_T + lanes)
+        inside = t >= 0
+        active = (tl.load(mask_ptr + base + t, mask=inside, other=0) != 0) & inside
+        r = tl.load(rew_ptr + base + t, mask=active, other=0.0)
+        v = tl.load(val_ptr + base + t, mask=active, other=0.0)
+        # nearest active value strictly to the right of t: scan the (t+1) column
+        t1 = t + 1
+        act1 = (tl.load(mask_ptr + base + t1, mask=inside & (t1 < T), other=0) != 0) & inside & (t1 < T)
+        v1 = tl.load(val_ptr + base + t1, mask=act1, other=0.0)
+        sv, sf = tl.associative_scan((v1, act1.to(tl.int32)), 0, _nearest_active)
+        v_next = tl.where(sf != 0, sv, carry_v)
+        delta = r + gamma * v_next - v
+        a = tl.where(active, glam, 1.0)
+        b = tl.where(active, delta, 0.0)
+        sa, sb = tl.associative_scan((a, b), 0, _affine_then)
+        adv = sa * carry_a + sb
+        tl.store(adv_ptr + base + t, tl.where(active, adv, 0.0), mask=inside)
+        tl.store(ret_ptr + base + t, tl.where(active, adv + v, 0.0), mask=inside)
+        # carries for the tile to the left: the state at this tile's earliest token (lane `last`);
+        # masked tokens are identity maps, so the A state there is adv itself
+        last = lanes == tl.minimum(BLOCK_T - 1, T - 1 - k * BLOCK_T)
+        seen = active | (sf != 0)
+        v_here = tl.where(active, v, sv)
+        carry_has = tl.max(tl.where(last & seen, 1, 0), 0) > 0
+        carry_v = tl.where(carry_has, tl.sum(tl.where(last & seen, v_here, 0.0), 0), carry_v)
+        carry_a = tl.sum(tl.where(last, adv, 0.0), 0)
+
+
+@triton.jit
+def _group_stats_kernel(sorted_score_ptr, start_ptr, count_ptr, mean_ptr, m2_ptr, BLOCK_B: tl.constexpr):
+    # One group's members lie contiguously (stable-sorted by group id), so the summation tree
+    # depends only on the members and their order, never on where the group sits in the batch.
+    g = tl.program_id(0)
+    start = tl.load(start_ptr + g)
+    n = tl.load(count_ptr + g)
+    lanes = tl.arange(0, BLOCK_B)
+    total = tl.zeros((), tl.float32)
+    for k in range(0, n, BLOCK_B):
+        i = k + lanes
+        total += tl.sum(tl.load(sorted_score_ptr + start + i, mask=i < n, other=0.0), 0)
+    mean = total / tl.maximum(n, 1).to(tl.float32)
+    m2 = tl.zeros((), tl.float32)
+    for k in range(0, n, BLOCK_B):  # second pass: squared deviations from the mean (no cancellation)
+        i = k + lanes
+        dev = tl.load(sorted_score_ptr + start + i, mask=i < n, other=0.0) - mean
+        m2 += tl.sum(tl.where(i < n, dev * dev, 0.0), 0)
+    tl.store(mean_ptr + g, mean)
+    tl.store(m2_ptr + g, m2)
+
+
+@triton.jit(do_not_specialize=["eps"])
+def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, count_ptr, out_ptr, B, eps,
+                            MODE: tl.constexpr, BLOCK_B: tl.constexpr):
+    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    inside = i < B
+    valid = inside & (tl.load(valid_ptr + i, mask=inside, other=0) != 0)
+    g = tl.load(gid_ptr + i, mask=valid, other=0)
+    s = tl.load(score_ptr + i, mask=valid, other=0.0)
+    mean = tl.load(mean_ptr + g, mask=valid, other=0.0)
+    n = tl.load(count_ptr + g, mask=valid, other=1).to(tl.float32)
+    if MODE == 0:  # mean
+        adv = s - mean
+    elif MODE == 1:  # mean / std (unbiased, as torch.std); a group of one has no spread: 0
+        std = tl.sqrt(tl.load(m2_ptr + g, mask=valid, other=0.0) / tl.maximum(n - 1.0, 1.0))
+        adv = tl.where(n > 1.0, (s - mean) / (std + tl.cast(eps, tl.float32)), 0.0)
+    else:  # leave-one-out: s minus the mean of the others; a group of one has no others: 0
+        adv = tl.where(n > 1.0, (s - mean) * (n / tl.maximum(n - 1.0, 1.0)), 0.0)
+    tl.store(out_ptr + i, tl.where(valid, adv, 0.0), mask=inside)
+
+def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
+    B, T = rewards.shape
+    adv = torch.empty_like(rewards)
+    ret = torch.empty_like(rewards)
+    if B == 0 or T == 0:
+        return adv, ret
+    block, warps = _locked("gae", rewards.device)
+    _gae_kernel[(B,)](rewards, values, mask_u8, bootstrap, adv, ret, T, T, float(gamma), float(lam),
+                      BLOCK_T=block, num_warps=warps)
+    return adv, ret
+
+
+MODES = {"mean": 0, "mean_std": 1, "rloo": 2}
+
+
+def launch_group_stats(scores, group_ids, valid_u8, num_groups):
+    """(mean, sum of squared deviations, count) per group over its valid members: fp32, fp32, int32."""
+    dev = scores.device
+    B = scores.numel()
+    key = torch.where(valid_u8 != 0, group_ids.long(), num_groups)  # invalid rows sort last
+    order = torch.argsort(key, stable=True)
+    # counts without bincount (which syncs on CUDA to size its output); integer adds are exact
+    count = torch.zeros(num_groups + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    start = (torch.cumsum(count, 0) - count)[:num_groups].to(torch.int32).contiguous()
+    count = count[:num_groups].to(torch.int32).contiguous()
+    mean = torch.empty(num_groups, dtype=torch.float32, device=dev)
+    m2 = torch.empty(num_groups, dtype=torch.float32, device=dev)
+    if num_groups and B:
+        block, warps = _locked("group_stats", dev)
+        _group_stats_kernel[(num_groups,)](scores[order].contiguous(), start, count, mean, m2,
+                                           BLOCK_B=block, num_warps=warps)
+    elif num_groups:
+        mean.zero_()
+        m2.zero_()
+    return mean, m2, count
+
+
+def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float):
+    mean, m2, count = launch_group_stats(scores, group_ids, valid_u8, num_groups)
+    out = torch.empty_like(scores)
+    B = scores.numel()
+    if B:
+        block, warps = _locked("group_stats", scores.device)
+        _group_advantage_kernel[(triton.cdiv(B, block),)](
+            scores, group_ids, valid_u8, mean, m2, count, out, B, float(eps),
+            MODE=MODES[mode], BLOCK_B=block, num_warps=warps)
+    return out, mean, m2, count
