@@ -1,18 +1,21 @@
 """dlogp audit: does the trainer's logp of each sampled token agree with the rollout engine's?
 
 RL frameworks compute a sampled token's log-probability twice, in the rollout engine and in the
-trainer; the policy ratio exp(train - rollout) should be 1 before the first update. compare_logp
+trainer; the policy ratio exp(train - rollout) should be 1 before the first update. The audit
 measures dlogp = train - rollout over the active tokens of a step and judges it against the op's
 contract (contracts/<op>.yaml), so that "aligned" means what the contract says, never a default.
 
+LogpAudit accumulates micro-batches on their device with no host synchronization until report(),
+which moves everything to the host in one transfer; compare_logp is one add() and report().
+
 Reports merge across micro-batches and ranks: counts, float64 sums, the max (with its token) and a
-fixed histogram of |dlogp| add exactly. Percentiles of one report are exact; merged ones are read
+fixed histogram of |dlogp| add exactly. Percentiles of one batch are exact; merged ones are read
 from the histogram, within a factor PERCENTILE_MERGE_FACTOR of the exact ones (docs/audit.md).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -83,6 +86,8 @@ class LogpAuditReport:
     per-sample list); means, percentiles and the status are derived from it. Tokens whose dlogp is
     not finite (a NaN on either side, an infinity on one side only) are counted in `nonfinite`, fail
     the report, and are left out of every other metric, so that no metric is ever NaN.
+    Active tokens with a non-finite train or rollout logp are counted in `nonfinite_inputs`, always
+    reported; equal infinities on both sides give dlogp 0, which is no failure by itself.
     """
     op: str
     dtype: str
@@ -96,15 +101,20 @@ class LogpAuditReport:
     tokens: int
     active: int
     nonfinite: int
+    nonfinite_inputs: int  # active tokens whose train or rollout logp is not finite
     exact: int  # active tokens with dlogp exactly 0
     clipped: int
     sum_dlogp: float
     sum_abs: float
     sum_ratio: float
     sum_kl: float
+    sum_pdiff: float  # sum of |exp(train) - exp(rollout)| over the finite active tokens
+    sum_pdiff_sq: float  # sum of its squares
+    pdiff_max: float | None
     abs_max: float | None
     worst: TokenRecord | None  # the token of abs_max (the first one on ties)
     first_nonfinite: TokenRecord | None
+    first_nonfinite_input: TokenRecord | None  # the first active token counted in nonfinite_inputs
     worst_ratio: float | None  # forward_accuracy: max |dlogp| / allowed; None when bitwise
     histogram: tuple
     exact_percentiles: tuple | None  # from the values; None once merged from several batches
@@ -143,6 +153,28 @@ class LogpAuditReport:
     @property
     def clipfrac0(self) -> float | None:
         return self._mean(self.clipped)
+
+    def framework_metrics(self) -> dict:
+        """These numbers under the names RL frameworks log, to cross-check them (docs/audit.md).
+
+        Over the finite active tokens, all float64. verl: |exp(train) - exp(rollout)|'s mean, max
+        and std, the std with torch.std's default n - 1 denominator (None for fewer than 2 tokens);
+        slime: mean |dlogp|; TRL: mean and max |dlogp|. None where undefined, never NaN.
+        """
+        n = self.finite
+        std = None
+        if n >= 2:
+            s1, s2 = self.sum_pdiff, self.sum_pdiff_sq
+            var = (s2 - s1 * (s1 / n)) / (n - 1)  # rounding can make it a hair below 0
+            std = None if math.isnan(var) else math.sqrt(max(var, 0.0))  # NaN: the sums overflowed
+        return {
+            "training/rollout_probs_diff_mean": self.sum_pdiff / n if n else None,
+            "training/rollout_probs_diff_max": self.pdiff_max,
+            "training/rollout_probs_diff_std": std,
+            "train_rollout_logprob_abs_diff": self.abs_mean,
+            "sampling/sampling_logp_difference/mean": self.abs_mean,
+            "sampling/sampling_logp_difference/max": self.abs_max,
+        }
 
     @property
     def percentiles_exact(self) -> bool:
@@ -184,8 +216,8 @@ class LogpAuditReport:
     def merge(cls, *reports: LogpAuditReport) -> LogpAuditReport:
         """One report of the batches of `reports` laid end to end along the sample dim.
 
-        Exact for counts, the max and its token (sample indices are offset by the samples of the
-        reports before), the histogram and the per-sample list; sums up to float64 addition.
+        Exact for counts, the maxima and the max's token (sample indices are offset by the samples of
+        the reports before), the histogram and the per-sample list; sums up to float64 addition.
         Percentiles come from the histogram unless only one report has finite active tokens.
         Status: fail if any constituent failed, pass if all applicable ones passed, else
         not_applicable. Raises ReportMismatchError when the reports were judged by different laws.
@@ -204,22 +236,27 @@ class LogpAuditReport:
                 if getattr(r, k) != getattr(first, k):
                     raise ReportMismatchError("reports", f"cannot merge reports with different {k}: "
                                                          f"{getattr(first, k)!r} vs {getattr(r, k)!r}")
-        offset, worst, abs_max, first_nonfinite = 0, None, None, None
+        offset, worst, abs_max, first_nonfinite, first_bad_input = 0, None, None, None, None
         for r in reports:
             if r.abs_max is not None and (abs_max is None or r.abs_max > abs_max):
                 abs_max, worst = r.abs_max, _shifted(r.worst, offset)
             if first_nonfinite is None and r.first_nonfinite is not None:
                 first_nonfinite = _shifted(r.first_nonfinite, offset)
+            if first_bad_input is None and r.first_nonfinite_input is not None:
+                first_bad_input = _shifted(r.first_nonfinite_input, offset)
             offset += r.samples
         with_values = [r for r in reports if r.finite]
         ratios = [r.worst_ratio for r in reports if r.worst_ratio is not None]
+        pdiff_maxes = [r.pdiff_max for r in reports if r.pdiff_max is not None]
         return cls(
             op=first.op, dtype=first.dtype, arch=first.arch, judgment=first.judgment, kind=first.kind,
             contract_id=first.contract_id, bound=first.bound, clip_range=first.clip_range,
             samples=offset, **{k: sum(getattr(r, k) for r in reports)
-                               for k in ("tokens", "active", "nonfinite", "exact", "clipped")},
-            **{k: _add(getattr(r, k) for r in reports) for k in ("sum_dlogp", "sum_abs", "sum_ratio", "sum_kl")},
-            abs_max=abs_max, worst=worst, first_nonfinite=first_nonfinite,
+                               for k in ("tokens", "active", "nonfinite", "nonfinite_inputs", "exact", "clipped")},
+            **{k: _add(getattr(r, k) for r in reports)
+               for k in ("sum_dlogp", "sum_abs", "sum_ratio", "sum_kl", "sum_pdiff", "sum_pdiff_sq")},
+            pdiff_max=max(pdiff_maxes) if pdiff_maxes else None,
+            abs_max=abs_max, worst=worst, first_nonfinite=first_nonfinite, first_nonfinite_input=first_bad_input,
             worst_ratio=max(ratios) if ratios else None,
             histogram=tuple(int(c) for c in np.sum([r.histogram for r in reports], axis=0)),
             exact_percentiles=with_values[0].exact_percentiles if len(with_values) == 1 else None,
@@ -239,7 +276,8 @@ class LogpAuditReport:
             "kind": self.kind, "contract_id": self.contract_id, "status": self.status,
             "bound": self.bound, "clip_range": list(self.clip_range),
             "samples": self.samples, "tokens": self.tokens, "active": self.active,
-            "coverage": self.coverage, "nonfinite": self.nonfinite, "exact": self.exact,
+            "coverage": self.coverage, "nonfinite": self.nonfinite, "nonfinite_inputs": self.nonfinite_inputs,
+            "exact": self.exact,
             "dlogp_mean": self.dlogp_mean, "abs_mean": self.abs_mean, "abs_max": self.abs_max,
             **{f"abs_p{round(q * 100)}": pct.get(q) for q in QUANTILES},
             "percentiles_exact": self.percentiles_exact,
@@ -247,9 +285,12 @@ class LogpAuditReport:
             "worst_ratio": self.worst_ratio,
             "worst_token": self.worst.to_dict() if self.worst else None,
             "first_nonfinite_token": self.first_nonfinite.to_dict() if self.first_nonfinite else None,
+            "first_nonfinite_input_token": (self.first_nonfinite_input.to_dict()
+                                            if self.first_nonfinite_input else None),
             "reports": self.report_counts,
         }
         out = {k: _json_float(v) for k, v in out.items()}
+        out["framework_metrics"] = {k: _json_float(v) for k, v in self.framework_metrics().items()}
         if per_sample:
             out["per_sample"] = [s.to_dict() for s in self.per_sample]
         if histogram:
@@ -268,6 +309,8 @@ class LogpAuditReport:
         parts = [f"{head}{ratio}", f"active {self.active}/{self.tokens}", f"exact {self.exact}"]
         if self.nonfinite:
             parts.append(f"nonfinite {self.nonfinite}")
+        if self.nonfinite_inputs:
+            parts.append(f"nonfinite inputs {self.nonfinite_inputs}")
         if self.finite:
             parts += [f"|dlogp| max {self.abs_max:.3g} p99 {pct[0.99]:.3g}",
                       f"ratio0 {self.ratio0:.9g} clipfrac0 {self.clipfrac0:.3g} kl0 {self.approx_kl0:.3g}"]
@@ -296,6 +339,219 @@ def merge_across_ranks(report: LogpAuditReport, group=None) -> LogpAuditReport:
 
 # ---- computing a report ----
 
+class LogpAudit:
+    """Accumulates the dlogp audit of a step's micro-batches on their device, with no host sync.
+
+        audit = LogpAudit(dtype=torch.bfloat16, clip_range=(0.2, 0.28), expect_bitwise=False)
+        for mb in micro_batches:
+            audit.add(train_logp, mb.rollout_logp, mb.loss_mask, row_scale=row_scale)
+        report = audit.report()  # the one host transfer
+
+    The law (op, dtype, clip_range, expect_bitwise, arch) is resolved against the contract here,
+    once, on the host: a missing op, dtype or judgment raises ContractError (it fails closed).
+
+    add() only enqueues device work: no .item(), .cpu(), .tolist(), no bool() or float() of a
+    tensor, no data-dependent shape or branch. Checks of shapes, dtypes and devices stay eager; the
+    checks that need values (a mask holding only 0 and 1, row_scale finite and >= 0 at the active
+    tokens) are device flags, raised by report() as InputError naming the argument. Worst and first
+    non-finite tokens are kept as device indices and values and resolved at report time.
+
+    report() is the LogpAuditReport of the add()s laid end to end along the sample dim: the same
+    report as LogpAuditReport.merge of one compare_logp report per add(), bit for bit, except that
+    percentiles are exact only where the first add() with any token holds every finite active token
+    (one add(), as in compare_logp, in particular); otherwise they come from the histogram. Its
+    `reports` counts the add()s that passed, failed and were not applicable (None for one add()).
+    """
+
+    def __init__(self, *, op: str = "selected_logp", dtype, clip_range=0.2, expect_bitwise: bool = False,
+                 arch: str | None = None):
+        self._law = _resolve_law(op, dtype, bool(expect_bitwise), arch)
+        self.clip_range = _check_clip_range(clip_range)
+        self.expect_bitwise = bool(expect_bitwise)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every add(); the law stays."""
+        self._parts = []
+        self._device = None
+        self._hist = None
+
+    @property
+    def adds(self) -> int:
+        return len(self._parts)
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the add()s (None before the first)."""
+        return self._device
+
+    def add(self, train_logp, rollout_logp, mask=None, *, row_scale=None, metadata: dict | None = None) -> None:
+        """Audit one micro-batch: dlogp = train_logp - rollout_logp over the active tokens.
+
+        train_logp, rollout_logp: float tensors [B, T] (sample, position) or [N] (one sample).
+        mask: same shape, bool or 0/1; None means every token is active.
+        row_scale: required for forward_accuracy (ignored when bitwise); a float or a tensor
+          broadcastable to the logp's shape (for selected_logp: logp_row_scale of the logits).
+        metadata: {name: value}; tensors shaped like the logp are read at the worst (and first
+          non-finite) token, other tensors are copied as lists, other values as they are.
+
+        Device work only, on the current stream; the inputs may be reused once it returns.
+        """
+        train, rollout, active, shape, mask_ok = _check_logp(train_logp, rollout_logp, mask)
+        device = train.device
+        if self._device is not None and device != self._device:
+            raise DeviceError("train_logp", f"on {device}, the earlier add()s on {self._device}")
+        if metadata is not None and (not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata)):
+            raise InputError("metadata", "must be a dict with str keys")
+        scale = scale_ok = None
+        if not self.expect_bitwise:
+            if row_scale is None:
+                raise InputError("row_scale", f"required to judge {self._law['judgment']}: the allowed |dlogp| is "
+                                              "2 * (atol + rtol * row_scale) (see audit.logp_row_scale)")
+            scale, scale_ok = _check_row_scale(row_scale, shape, device, active)
+        edges, quantiles = _device_constants(device)
+        eps_low, eps_high = self.clip_range
+
+        B, T = train.shape
+        numel = B * T
+        t64, r64 = train.double(), rollout.double()
+        d = torch.where(t64 == r64, 0.0, t64 - r64)  # equal infinities are no difference
+        finite = active & torch.isfinite(d)
+        nonfinite = active & ~finite
+        bad_input = active & ~(torch.isfinite(t64) & torch.isfinite(r64))
+        d = torch.where(finite, d, 0.0)
+        a = d.abs()
+        ratio = torch.where(finite, torch.exp(d), 0.0)
+        kl = torch.where(finite, torch.expm1(d) - d, 0.0)  # exp(d) - 1 - d without cancelling the 1
+        clipped = finite & ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high))
+        row_max = a.amax(1) if T else a.new_zeros(B)  # a is 0 off the finite active tokens
+        # |exp(t) - exp(r)| = exp(max(t, r)) * (1 - exp(-|d|)): no cancellation, no inf - inf.
+        pdiff = torch.where(finite & (a != 0), torch.exp(torch.maximum(t64, r64)) * -torch.expm1(-a), 0.0)
+
+        rows_i = torch.stack([active.sum(1), nonfinite.sum(1), finite.sum(1), (finite & (a == 0)).sum(1),
+                              clipped.sum(1)])  # int64 counts per sample, exact
+        rows_f = torch.stack([d.sum(1), a.sum(1), ratio.sum(1), kl.sum(1), row_max])
+        counts = torch.cat([rows_i.sum(1), bad_input.sum().reshape(1)])  # _I_ACTIVE .. _I_BAD_INPUT
+        sums = torch.cat([rows_f[:4].sum(1), torch.stack([pdiff.sum(), pdiff.square().sum()])])
+
+        part = _Part(B, T, len(shape))
+        if numel:
+            key = torch.where(finite, a, -1.0)
+            # argmax returns the first of the largest: the worst token, the first non-finite dlogp and
+            # the first non-finite input (index 0 when there is none; the counts tell).
+            flat = torch.stack([key.argmax(), nonfinite.to(torch.uint8).argmax(), bad_input.to(torch.uint8).argmax()])
+            rows = torch.div(flat, T, rounding_mode="floor")
+            cols = (flat - rows * T).unsqueeze(1)
+
+            def pick(x):  # x[rows, cols] without flattening x (an expanded metadata tensor stays uncopied)
+                return x.index_select(0, rows).gather(1, cols).squeeze(1)
+
+            worst_ratio = a.new_zeros(())
+            if scale is not None:
+                allowed = 2.0 * (self._law["bound"]["atol"] + self._law["bound"]["rtol"] * scale)
+                worst_ratio = torch.where(finite & (a != 0), a / allowed, 0.0).max()
+            tail = torch.cat([pick(key)[:1], torch.stack([pick(t64), pick(r64)], 1).reshape(-1),
+                              torch.stack([worst_ratio, pdiff.max()])])
+            part.meta = _metadata_on_device(metadata, shape, device, pick)
+        else:
+            flat = torch.zeros(3, dtype=torch.int64, device=device)
+            tail = t64.new_zeros(_N_FLOATS - 6)
+            part.meta = _metadata_on_device(metadata, shape, device, None)
+        ok = torch.ones((), dtype=torch.bool, device=device)
+        flags = torch.stack([ok if mask_ok is None else mask_ok, ok if scale_ok is None else scale_ok])
+        ints = torch.cat([counts, flat, flags.to(torch.int64)])
+        floats = torch.cat([sums, tail])
+        part.tensors = [ints, floats.view(torch.int64), rows_i.reshape(-1), rows_f.reshape(-1).view(torch.int64)]
+        part.tensors += [t for _, kind, t in part.meta if kind in _PACKED_KINDS]
+
+        if numel and not any(p.B * p.T for p in self._parts):
+            # The first add() with tokens keeps the order statistics that its exact percentiles need
+            # (those of a report holding all the finite tokens). Their indices depend on the finite
+            # count, so they are computed on the device: the finite |dlogp| sort first (the rest is
+            # +inf), and numpy's 'linear' positions floor((n - 1) * q), + 1 are exact in float64.
+            srt = torch.sort(torch.where(finite, a, math.inf).reshape(-1)).values
+            nm1 = (counts[_I_FINITE] - 1).double()
+            v = nm1 * quantiles
+            top = v >= nm1
+            lo = torch.where(top, nm1, torch.floor(v))
+            hi = torch.where(top, nm1, lo + 1.0)
+            idx = torch.stack([lo, hi], 1).reshape(-1).long().clamp(0, numel - 1)
+            part.tensors.append(srt.index_select(0, idx).view(torch.int64))
+            part.picks = True
+
+        # State changes last, once nothing can raise.
+        if self._hist is None:
+            self._device = device
+            self._hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=device)
+        bins = torch.where(a == 0, 0, torch.bucketize(a, edges, right=True) + 1)
+        # Integer counts: scatter_add_'s atomic adds are exact and order-independent, so the histogram
+        # is deterministic; bincount would sync on CUDA (it computes its output size).
+        self._hist.scatter_add_(0, bins.reshape(-1), finite.reshape(-1).to(torch.int64))
+        self._parts.append(part)
+
+    def report(self) -> LogpAuditReport:
+        """The LogpAuditReport of every add() so far: one device-to-host transfer.
+
+        Raises InputError naming `mask` or `row_scale` when an add() got a mask with values other
+        than 0 and 1, or a row_scale not finite and >= 0 at an active token.
+        """
+        law = self._law
+        if not self._parts:
+            return LogpAuditReport(
+                **law, clip_range=self.clip_range, samples=0, tokens=0, active=0, nonfinite=0,
+                nonfinite_inputs=0, exact=0, clipped=0, sum_dlogp=0.0, sum_abs=0.0, sum_ratio=0.0,
+                sum_kl=0.0, sum_pdiff=0.0, sum_pdiff_sq=0.0, pdiff_max=None, abs_max=None, worst=None,
+                first_nonfinite=None, first_nonfinite_input=None, worst_ratio=None,
+                histogram=(0,) * HIST_BINS, exact_percentiles=None, per_sample=())
+        host = torch.cat([t for p in self._parts for t in p.tensors] + [self._hist]).cpu().numpy()
+        reader = _Reader(host)
+        parsed = [p.read(reader) for p in self._parts]
+        histogram = tuple(reader.ints(HIST_BINS).tolist())
+        for i, (ints, *_) in enumerate(parsed):
+            where = f" (add() number {i})" if len(parsed) > 1 else ""
+            if not ints[_I_MASK_OK]:
+                raise InputError("mask", f"must hold only 0 and 1{where}")
+            if not ints[_I_SCALE_OK]:
+                raise InputError("row_scale", f"must be finite and >= 0 at every active token{where}")
+        reports = [self._part_report(p, *values) for p, values in zip(self._parts, parsed)]
+        if len(reports) == 1:
+            return replace(reports[0], histogram=histogram)
+        return replace(LogpAuditReport.merge(*reports), histogram=histogram)
+
+    def _part_report(self, part, ints, floats, rows_i, rows_f, metas, picks) -> LogpAuditReport:
+        """One add()'s report from its host values (histogram left empty: the accumulated one is set)."""
+        n_active, n_nonfinite, n_finite, n_exact, n_clipped, n_bad_input = ints[:_I_FLAT]
+        s_dlogp, s_abs, s_ratio, s_kl, s_pdiff, s_pdiff_sq, key_at, *vals, worst_ratio, pdiff_max = floats
+        B, T = part.B, part.T
+
+        def token(slot):
+            b, t = divmod(ints[_I_FLAT + slot], T)
+            return TokenRecord(b, t, vals[2 * slot], vals[2 * slot + 1], part.metadata_at(slot, b, t, metas))
+
+        per_sample = []
+        for i in range(B):
+            act, bad, fin, _, clp = (c[i] for c in rows_i)
+            _, sa, sr, sk, mx = (s[i] for s in rows_f)
+            per_sample.append(SampleStats(act, bad, sa / fin if fin else None, mx if fin else None,
+                                          sr / fin if fin else None, sk / fin if fin else None,
+                                          clp / fin if fin else None))
+        exact_pct = None
+        if picks is not None and n_finite:
+            exact_pct = tuple(_lerp(picks[2 * k], picks[2 * k + 1], g)
+                              for k, (_, _, g) in enumerate(_order_positions(n_finite)))
+        return LogpAuditReport(
+            **self._law, clip_range=self.clip_range, samples=B, tokens=B * T, active=n_active,
+            nonfinite=n_nonfinite, nonfinite_inputs=n_bad_input, exact=n_exact, clipped=n_clipped,
+            sum_dlogp=s_dlogp, sum_abs=s_abs, sum_ratio=s_ratio, sum_kl=s_kl, sum_pdiff=s_pdiff,
+            sum_pdiff_sq=s_pdiff_sq, pdiff_max=pdiff_max if n_finite else None,
+            abs_max=key_at if n_finite else None, worst=token(0) if n_finite else None,
+            first_nonfinite=token(1) if n_nonfinite else None,
+            first_nonfinite_input=token(2) if n_bad_input else None,
+            worst_ratio=worst_ratio if n_finite and not self.expect_bitwise else None,
+            histogram=(0,) * HIST_BINS, exact_percentiles=exact_pct, per_sample=tuple(per_sample),
+        )
+
+
 def compare_logp(train_logp, rollout_logp, mask=None, *, op: str = "selected_logp", dtype,
                  clip_range=0.2, row_scale=None, expect_bitwise: bool = False, arch: str | None = None,
                  metadata: dict | None = None) -> LogpAuditReport:
@@ -314,9 +570,112 @@ def compare_logp(train_logp, rollout_logp, mask=None, *, op: str = "selected_log
     metadata: {name: value}; tensors shaped like the logp are read at the worst (and first
       non-finite) token, other tensors are copied as lists, other values as they are.
 
-    All arithmetic is float64 on the tensors' device; only small results move to the host.
-    A missing op, dtype or judgment raises ContractError: there is no default law.
+    LogpAudit with one add() and its report(): all arithmetic is float64 on the tensors' device,
+    and one host transfer brings the small results back. A missing op, dtype or judgment raises
+    ContractError: there is no default law.
     """
+    audit = LogpAudit(op=op, dtype=dtype, clip_range=clip_range, expect_bitwise=expect_bitwise, arch=arch)
+    audit.add(train_logp, rollout_logp, mask, row_scale=row_scale, metadata=metadata)
+    return audit.report()
+
+
+# The layout of one add()'s values: int64 counts, indices and flags, then float64 sums and values.
+_I_ACTIVE, _I_NONFINITE, _I_FINITE, _I_EXACT, _I_CLIPPED, _I_BAD_INPUT, _I_FLAT = range(7)
+_I_MASK_OK, _I_SCALE_OK = _I_FLAT + 3, _I_FLAT + 4
+_N_INTS = _I_FLAT + 5
+_N_FLOATS = 6 + 1 + 6 + 2  # sums; |dlogp| at the worst token; (train, rollout) at its 3 tokens; ratio, pdiff max
+_PACKED_KINDS = ("bool", "int", "float")
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _Part:
+    """What one add() left: its shape, its device tensors (all int64, float64 ones bit-cast) and how
+    to read them back, and its metadata."""
+
+    def __init__(self, B, T, ndim):
+        self.B, self.T, self.ndim = B, T, ndim
+        self.tensors, self.meta, self.picks = [], [], False
+
+    def read(self, reader):
+        ints = reader.ints(_N_INTS).tolist()
+        floats = reader.floats(_N_FLOATS).tolist()
+        rows_i = reader.ints(5 * self.B).reshape(5, self.B).tolist()
+        rows_f = reader.floats(5 * self.B).reshape(5, self.B).tolist()
+        metas = {key: reader.ints(3) for key, kind, _ in self.meta if kind in _PACKED_KINDS}
+        picks = reader.floats(2 * len(QUANTILES)).tolist() if self.picks else None
+        return ints, floats, rows_i, rows_f, metas, picks
+
+    def metadata_at(self, slot, b, t, metas) -> dict:
+        out = {}
+        for key, kind, v in self.meta:
+            if kind == "bool":
+                v = bool(metas[key][slot])
+            elif kind == "int":
+                v = int(metas[key][slot])
+            elif kind == "float":
+                v = float(metas[key].view(np.float64)[slot])
+            elif kind == "item":  # logp-shaped, but not packable on the logp's device: read here
+                v = (v[t] if self.ndim == 1 else v[b, t]).item()
+            elif kind == "list":
+                v = v.tolist()
+            out[key] = v
+        return out
+
+
+class _Reader:
+    def __init__(self, host: np.ndarray):
+        self.host, self.pos = host, 0
+
+    def ints(self, n: int) -> np.ndarray:
+        self.pos += n
+        return self.host[self.pos - n:self.pos]
+
+    def floats(self, n: int) -> np.ndarray:
+        return self.ints(n).view(np.float64)
+
+
+def _metadata_on_device(metadata, shape, device, pick) -> list:
+    """[(key, kind, value)]: a logp-shaped tensor of a plain dtype on the logp's device is read at the
+    three tokens now, on the device (int64, float64 bit-cast); other tensors are cloned and read at
+    report time; other values are kept as they are."""
+    out = []
+    for key, v in (metadata or {}).items():
+        if not torch.is_tensor(v):
+            out.append((key, "const", v))
+            continue
+        v = v.detach()
+        if tuple(v.shape) != shape:
+            out.append((key, "list", v.clone()))
+        elif pick is not None and v.device == device and v.dtype in (torch.bool, *_INT_DTYPES, *_FLOAT_DTYPES):
+            at = pick(v.unsqueeze(0) if len(shape) == 1 else v)
+            if v.is_floating_point():
+                out.append((key, "float", at.double().view(torch.int64)))
+            else:
+                out.append((key, "bool" if v.dtype == torch.bool else "int", at.long()))
+        else:
+            out.append((key, "item", v.clone()))
+    return out
+
+
+_CONSTANTS: dict = {}
+
+
+def _device_constants(device: torch.device) -> tuple:
+    """(HIST_EDGES, QUANTILES) as float64 tensors on `device`, made once per device. On CUDA the copy
+    goes from pinned memory with non_blocking=True: a copy from pageable memory would synchronize."""
+    got = _CONSTANTS.get(device)
+    if got is None:
+        host = torch.from_numpy(np.concatenate([HIST_EDGES, QUANTILES]))
+        if device.type == "cuda":
+            host = host.pin_memory()
+        both = host.to(device, non_blocking=True)
+        got = _CONSTANTS[device] = (both[:len(HIST_EDGES)], both[len(HIST_EDGES):])
+    return got
+
+
+def _resolve_law(op, dtype, expect_bitwise, arch) -> dict:
+    """The report fields that name the law: the judgment's contract row, looked up once; fails closed."""
     name = "forward_invariance" if expect_bitwise else "forward_accuracy"
     row = contracts.judgment(op, dtype, name, arch)  # fails closed
     dt = contracts.dtype_name(dtype)
@@ -329,75 +688,8 @@ def compare_logp(train_logp, rollout_logp, mask=None, *, op: str = "selected_log
         if bound is None:
             raise ContractError(f"{op}/{dt}/{name}/logp", "the row has no bound for output logp")
         bound = {"atol": float(bound["atol"]), "rtol": float(bound["rtol"])}
-    cid = contracts.contract_id(op, dtype, arch)
-
-    eps_low, eps_high = _check_clip_range(clip_range)
-    train, rollout, active, shape = _check_logp(train_logp, rollout_logp, mask)
-    if metadata is not None and (not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata)):
-        raise InputError("metadata", "must be a dict with str keys")
-    scale = None
-    if not expect_bitwise:
-        if row_scale is None:
-            raise InputError("row_scale", f"required to judge {name}: the allowed |dlogp| is "
-                                          "2 * (atol + rtol * row_scale) (see audit.logp_row_scale)")
-        scale = _check_row_scale(row_scale, shape, train.device, active)
-
-    B, T = train.shape
-    t64, r64 = train.double(), rollout.double()
-    d = torch.where(t64 == r64, 0.0, t64 - r64)  # equal infinities are no difference
-    finite = active & torch.isfinite(d)
-    nonfinite = active & ~finite
-    d = torch.where(finite, d, 0.0)
-    a = d.abs()
-    ratio = torch.where(finite, torch.exp(d), 0.0)
-    kl = torch.where(finite, torch.expm1(d) - d, 0.0)  # exp(d) - 1 - d without cancelling the 1
-    clipped = finite & ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high))
-    row_max = a.amax(1) if T else a.new_zeros(B)  # a is 0 off the finite active tokens
-
-    per_row = torch.stack([active.sum(1), nonfinite.sum(1), finite.sum(1), (finite & (a == 0)).sum(1),
-                           clipped.sum(1)]).cpu().tolist()  # counts, exact
-    sums = torch.stack([d.sum(1), a.sum(1), ratio.sum(1), kl.sum(1), row_max])
-    totals = sums[:4].sum(1).cpu().tolist()
-    sums = sums.cpu().tolist()
-    n_active, n_nonfinite, n_finite, n_exact, n_clipped = (sum(c) for c in per_row)
-
-    per_sample = []
-    for i in range(B):
-        act, bad, fin, _, clp = (int(c[i]) for c in per_row)
-        _, s_abs, s_ratio, s_kl, mx = (s[i] for s in sums)
-        per_sample.append(SampleStats(act, bad, s_abs / fin if fin else None, mx if fin else None,
-                                      s_ratio / fin if fin else None, s_kl / fin if fin else None,
-                                      clp / fin if fin else None))
-
-    def token(flat_index):
-        b, t = divmod(int(flat_index), T)
-        meta = _metadata_at(metadata, shape, b, t)
-        return TokenRecord(b, t, float(t64[b, t]), float(r64[b, t]), meta)
-
-    worst = abs_max = worst_ratio = exact_pct = first_bad = hist = None
-    if n_finite:
-        key = torch.where(finite, a, -1.0).flatten()
-        at = torch.argmax(key)  # the first of the largest
-        worst, abs_max = token(at), float(key[at])
-        values = a[finite]
-        hist = _histogram(values)
-        exact_pct = _exact_quantiles(torch.sort(values).values)
-        if scale is not None:
-            allowed = 2.0 * (bound["atol"] + bound["rtol"] * scale)
-            tok_ratio = torch.where(finite & (a != 0), a / allowed, 0.0)
-            worst_ratio = float(tok_ratio.max())
-    if n_nonfinite:
-        first_bad = token(torch.nonzero(nonfinite.flatten())[0, 0])
-
-    return LogpAuditReport(
-        op=op, dtype=dt, arch=arch, judgment=name, kind=want, contract_id=cid, bound=bound,
-        clip_range=(eps_low, eps_high), samples=B, tokens=B * T, active=int(n_active),
-        nonfinite=int(n_nonfinite), exact=int(n_exact), clipped=int(n_clipped),
-        sum_dlogp=totals[0], sum_abs=totals[1], sum_ratio=totals[2], sum_kl=totals[3],
-        abs_max=abs_max, worst=worst, first_nonfinite=first_bad, worst_ratio=worst_ratio,
-        histogram=hist if hist is not None else (0,) * HIST_BINS, exact_percentiles=exact_pct,
-        per_sample=tuple(per_sample),
-    )
+    return {"op": op, "dtype": dt, "arch": arch, "judgment": name, "kind": want,
+            "contract_id": contracts.contract_id(op, dtype, arch), "bound": bound}
 
 
 def logp_row_scale(logits: torch.Tensor, temperature=1.0, *, chunk_rows: int = 1024) -> torch.Tensor:
@@ -440,6 +732,8 @@ def _check_clip_range(clip_range):
 
 
 def _check_logp(train, rollout, mask):
+    """Eager checks (no sync): the logp as [B, T] views, the active mask, the original shape, and a
+    device flag (None for a bool mask) telling whether a numeric mask held only 0 and 1."""
     for arg, x in (("train_logp", train), ("rollout_logp", rollout)):
         if not torch.is_tensor(x) or not x.is_floating_point():
             raise DTypeError(arg, f"must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
@@ -450,6 +744,7 @@ def _check_logp(train, rollout, mask):
     if rollout.device != train.device:
         raise DeviceError("rollout_logp", f"on {rollout.device}, train_logp on {train.device}")
     shape = tuple(train.shape)
+    mask_ok = None
     if mask is None:
         active = torch.ones(shape, dtype=torch.bool, device=train.device)
     else:
@@ -460,17 +755,21 @@ def _check_logp(train, rollout, mask):
         if mask.device != train.device:
             raise DeviceError("mask", f"on {mask.device}, the logp on {train.device}")
         if mask.dtype != torch.bool:
-            if not bool(((mask == 0) | (mask == 1)).all()):
-                raise InputError("mask", "must hold only 0 and 1")
+            mask_ok = ((mask == 0) | (mask == 1)).all()  # raised by report()
             mask = mask != 0
         active = mask
     view = (1, -1) if train.dim() == 1 else shape
-    return (train.detach().reshape(view), rollout.detach().reshape(view), active.reshape(view), shape)
+    return (train.detach().reshape(view), rollout.detach().reshape(view), active.detach().reshape(view), shape,
+            mask_ok)
 
 
 def _check_row_scale(row_scale, shape, device, active):
+    """row_scale as float64 [B, T] and a device flag: finite and >= 0 at every active token (a float
+    is checked now, a tensor's flag is raised by report())."""
     if isinstance(row_scale, (int, float)) and not isinstance(row_scale, bool):
-        scale = torch.full(active.shape, float(row_scale), dtype=torch.float64, device=device)
+        if not (math.isfinite(row_scale) and row_scale >= 0):
+            raise InputError("row_scale", f"must be finite and >= 0, got {row_scale!r}")
+        return torch.full(active.shape, float(row_scale), dtype=torch.float64, device=device), None
     elif torch.is_tensor(row_scale):
         if not row_scale.is_floating_point():
             raise DTypeError("row_scale", f"must be floating point, got {row_scale.dtype}")
@@ -485,16 +784,7 @@ def _check_row_scale(row_scale, shape, device, active):
         scale = row_scale.detach().double().broadcast_to(shape).reshape(active.shape)
     else:
         raise InputError("row_scale", f"must be a float or a tensor, got {type(row_scale).__name__}")
-    if not bool((torch.isfinite(scale) & (scale >= 0) | ~active).all()):
-        raise InputError("row_scale", "must be finite and >= 0 at every active token")
-    return scale
-
-
-def _histogram(values: torch.Tensor) -> tuple:
-    """Counts of |dlogp| values (finite, >= 0) per bin of the fixed layout."""
-    edges = torch.as_tensor(HIST_EDGES, device=values.device)
-    bins = torch.where(values == 0, 0, torch.bucketize(values, edges, right=True) + 1)
-    return tuple(torch.bincount(bins, minlength=HIST_BINS).cpu().tolist())
+    return scale, (torch.isfinite(scale) & (scale >= 0) | ~active).all()
 
 
 def _lerp(a: float, b: float, g: float) -> float:
@@ -514,13 +804,6 @@ def _order_positions(n: int):
             lo = math.floor(v)
             out.append((lo, lo + 1, v - lo))
     return out
-
-
-def _exact_quantiles(sorted_values: torch.Tensor) -> tuple:
-    pos = _order_positions(sorted_values.numel())
-    idx = torch.tensor([i for lo, hi, _ in pos for i in (lo, hi)], device=sorted_values.device)
-    picked = sorted_values[idx].cpu().tolist()
-    return tuple(_lerp(picked[2 * k], picked[2 * k + 1], g) for k, (_, _, g) in enumerate(pos))
 
 
 def _histogram_quantiles(histogram, n: int, abs_max: float) -> tuple:
@@ -548,19 +831,6 @@ def _shifted(tok: TokenRecord | None, offset: int) -> TokenRecord | None:
     if tok is None or not offset:
         return tok
     return TokenRecord(tok.sample + offset, tok.position, tok.train, tok.rollout, tok.metadata)
-
-
-def _metadata_at(metadata, shape, b, t) -> dict:
-    out = {}
-    for k, v in (metadata or {}).items():
-        if torch.is_tensor(v):
-            if tuple(v.shape) == shape:
-                v = v[t] if len(shape) == 1 else v[b, t]
-                v = v.item()
-            else:
-                v = v.tolist()
-        out[k] = v
-    return out
 
 
 def _plain(v):

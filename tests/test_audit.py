@@ -1,4 +1,7 @@
-"""The dlogp audit: metrics against NumPy float64, exact merges, contract judgments, typed errors."""
+"""The dlogp audit: metrics against NumPy float64, exact merges, contract judgments, typed errors,
+the sync-free accumulator, non-finite inputs, and the frameworks' metric names."""
+import contextlib
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -212,6 +215,7 @@ def test_bitwise_judgment_passes_equal_and_fails_one_ulp():
     train[0, 0], mask[0, 0] = -math.inf, True  # equal infinities are no difference
     rep = _bitwise(train, train.clone(), mask)
     assert rep.status == audit.PASS and rep.exact == rep.active and rep.abs_max == 0.0 and rep.worst_ratio is None
+    assert rep.nonfinite == 0 and rep.nonfinite_inputs == 1 and rep.first_nonfinite_input.position == 0
     assert rep.judgment == "forward_invariance" and rep.kind == "bitwise" and rep.bound is None
     assert rep.contract_id == contracts.contract_id(OP, torch.float32)
     off = train.clone()
@@ -291,6 +295,7 @@ def test_nonfinite_tokens_fail_and_stay_out_of_the_metrics():
     for kw in ({"expect_bitwise": True}, {"row_scale": 1e9}):
         rep = audit.compare_logp(train, rollout, mask, dtype="float32", **kw)
         assert rep.status == audit.FAIL and rep.nonfinite == 2 and rep.finite == rep.active - 2
+        assert rep.nonfinite_inputs == 2 and repr(rep.first_nonfinite_input) == repr(rep.first_nonfinite)
         assert (rep.first_nonfinite.sample, rep.first_nonfinite.position) == (0, 5)
         assert math.isfinite(rep.abs_mean) and math.isfinite(rep.abs_max) and sum(rep.histogram) == rep.finite
         assert rep.per_sample[0].nonfinite == 1 and rep.per_sample[1].nonfinite == 1
@@ -374,3 +379,289 @@ def test_logp_row_scale_is_the_parity_row_scale(dtype):
                                                                             0.7).reshape(2, 7))
     with pytest.raises(errors.TemperatureError):
         audit.logp_row_scale(x, 0.0)
+
+
+# ---- the accumulator: add() per micro-batch, no host sync until report() ----
+
+_SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+_SHAPE_SYNCS = ("nonzero", "bincount", "masked_select", "unique", "argwhere")
+
+
+@contextlib.contextmanager
+def _no_host_sync(monkeypatch):
+    """Tensor methods that move a value to the host (or build a data-dependent shape) raise inside."""
+    def trap(name):
+        def raiser(*args, **kwargs):
+            raise AssertionError(f"{name} called in add()")
+        return raiser
+
+    getitem = torch.Tensor.__getitem__
+
+    def checked_getitem(self, index):
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(torch.is_tensor(i) and i.dtype == torch.bool for i in parts):
+            raise AssertionError("boolean-mask indexing in add()")
+        return getitem(self, index)
+
+    with monkeypatch.context() as m:
+        for name in _SYNCS + _SHAPE_SYNCS:
+            m.setattr(torch.Tensor, name, trap(f"Tensor.{name}"))
+        for name in _SHAPE_SYNCS:
+            m.setattr(torch, name, trap(f"torch.{name}"))
+        m.setattr(torch.Tensor, "__getitem__", checked_getitem)
+        with pytest.raises(AssertionError):  # the traps are armed
+            bool(torch.ones(()))
+        yield
+
+
+def _micro_batches(seed=20, B=8, T=30):
+    """Cuts of one batch along the sample dim: a worst token and non-finite tokens in later cuts, one
+    cut all padding, an int mask, logp-shaped and other metadata, a per-token row_scale."""
+    train, rollout, mask = _batch(B=B, T=T, seed=seed)
+    train[5, 7], mask[5, 7] = rollout[5, 7] - 2.5, True
+    rollout[6, 2], mask[6, 2] = float("nan"), True
+    train[7, 4], rollout[7, 4], mask[7, 4] = -math.inf, -math.inf, True  # dlogp 0, a non-finite input
+    mask[2:3] = False
+    scale = 1.0 + torch.rand(B, T, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 20
+    ids = torch.arange(B * T).view(B, T)
+    cuts = ((0, 2), (2, 3), (3, 6), (6, 8))
+    return [(train[a:b], rollout[a:b], mask[a:b].long() if a else mask[a:b], scale[a:b],
+             {"token_id": ids[a:b], "sample_id": ids[a:b, 0], "flag": ids[a:b] % 2 == 0,
+              "weight": ids[a:b].double() / 7, "step": 3}) for a, b in cuts]
+
+
+@pytest.mark.parametrize("bitwise", (True, False))
+def test_accumulator_report_is_the_merge_of_its_micro_batches(bitwise, monkeypatch):
+    law = {"dtype": "float32", "clip_range": (0.2, 0.28), "expect_bitwise": bitwise}
+    parts = _micro_batches()
+    acc = audit.LogpAudit(**law)
+    with _no_host_sync(monkeypatch):
+        for t, r, m, s, meta in parts:
+            acc.add(t, r, m, row_scale=None if bitwise else s, metadata=meta)
+    assert acc.adds == 4 and acc.device == torch.device("cpu")
+    got = acc.report()
+    per_mb = [audit.compare_logp(t, r, m, row_scale=None if bitwise else s, metadata=meta, **law)
+              for t, r, m, s, meta in parts]
+    want = audit.LogpAuditReport.merge(*per_mb)
+    assert repr(got) == repr(want)  # every field, the float64 sums to the last bit (repr round-trips; NaN == NaN)
+    assert got.to_dict(histogram=True) == want.to_dict(histogram=True)
+    counts = got.report_counts  # one per add(): the all-padding one is not applicable, the NaN one fails
+    assert counts["not_applicable"] == 1 and counts["fail"] >= 1 and sum(counts.values()) == 4
+    assert (got.worst.sample, got.worst.position) == (5, 7) and got.worst.metadata == {
+        "token_id": 5 * 30 + 7, "sample_id": [90, 120, 150], "flag": False, "weight": (5 * 30 + 7) / 7, "step": 3}
+    assert (got.first_nonfinite.sample, got.first_nonfinite.position) == (6, 2)
+    assert (got.first_nonfinite_input.sample, got.first_nonfinite_input.position) == (6, 2)
+    assert got.nonfinite == 1 and got.nonfinite_inputs == 2 and got.status == audit.FAIL
+    assert repr(acc.report()) == repr(got)  # report() reads, it does not consume
+    acc.reset()
+    assert acc.adds == 0 and acc.report().status == audit.NOT_APPLICABLE and acc.report().samples == 0
+
+
+def test_one_add_is_compare_logp_with_exact_percentiles(monkeypatch):
+    train, rollout, mask = _batch(seed=21)
+    meta = {"token_id": torch.arange(300).view(6, 50), "tag": "x"}
+    acc = audit.LogpAudit(dtype=torch.float32, expect_bitwise=True)
+    with _no_host_sync(monkeypatch):
+        acc.add(train, rollout, mask, metadata=meta)
+    rep = acc.report()
+    assert rep == _bitwise(train, rollout, mask, metadata=meta) and rep.reports is None
+    assert rep.percentiles_exact and list(rep.percentiles.values()) == list(_numpy_metrics(
+        train, rollout, mask, 0.2, 0.2)["quantiles"])
+
+
+def test_accumulated_percentiles_are_exact_only_from_the_first_add_with_tokens():
+    train, rollout, mask = _batch(seed=22)
+    pad = torch.zeros_like(mask)
+    empty = train[:0]
+    for adds, exact in (([(empty, pad[:0]), (train, mask), (train, pad)], True),  # values only in the first with tokens
+                        ([(train, pad), (train, mask)], False)):  # a later add(): read from the histogram
+        acc = audit.LogpAudit(dtype="float32", expect_bitwise=True)
+        for t, m in adds:
+            acc.add(t, rollout[:t.shape[0]], m)
+        got = acc.report()
+        want = audit.merge_reports(_bitwise(t, rollout[:t.shape[0]], m) for t, m in adds)
+        assert want.percentiles_exact and got.percentiles_exact is exact
+        if exact:
+            assert got.percentiles == want.percentiles
+        # Everything else is the merge's.
+        assert repr(dataclasses.replace(got, exact_percentiles=None)) == repr(
+            dataclasses.replace(want, exact_percentiles=None))
+
+
+def test_value_checks_are_device_flags_raised_by_report(monkeypatch):
+    train, rollout, mask = _batch(B=3, T=8, seed=23)
+    mask[:, 0] = True
+    scale = torch.full((3, 8), 5.0, dtype=torch.float64)
+    off = scale.clone()
+    off[~mask] = math.nan  # inactive tokens may hold anything
+    cases = (({"mask": mask.float() * 0.5}, "mask"), ({"row_scale": scale.clone().fill_(math.inf)}, "row_scale"),
+             ({"row_scale": -scale}, "row_scale"), ({"row_scale": off}, None))
+    for kw, argument in cases:
+        acc = audit.LogpAudit(dtype="float32")
+        kw = {"mask": mask, "row_scale": scale, **kw}
+        with _no_host_sync(monkeypatch):
+            acc.add(train, rollout, kw.pop("mask"), **kw)  # nothing raised yet: the values are on the device
+            acc.add(train, rollout, mask, row_scale=scale)
+        if argument is None:
+            assert acc.report().active == 2 * int(mask.sum())
+            continue
+        with pytest.raises(errors.InputError) as e:
+            acc.report()
+        assert e.value.argument == argument and "add() number 0" in str(e.value)
+
+
+def test_accumulator_checks_eagerly_what_needs_no_values():
+    train, rollout, mask = _batch(B=2, T=4, seed=24)
+    with pytest.raises(errors.ContractError):
+        audit.LogpAudit(dtype=torch.float64, expect_bitwise=True)  # the law is resolved at construction
+    with pytest.raises(errors.InputError) as e:
+        audit.LogpAudit(dtype="float32", clip_range=1.5)
+    assert e.value.argument == "clip_range"
+    acc = audit.LogpAudit(dtype="float32")
+    with pytest.raises(errors.InputError) as e:
+        acc.add(train, rollout, mask)
+    assert e.value.argument == "row_scale"
+    with pytest.raises(errors.InputError) as e:
+        acc.add(train, rollout, mask, row_scale=-1.0)  # a float is checked at once
+    assert e.value.argument == "row_scale"
+    acc.add(train, rollout, mask, row_scale=1.0)
+    with pytest.raises(errors.DeviceError) as e:
+        acc.add(train.to("meta"), rollout.to("meta"), row_scale=1.0)
+    assert e.value.argument == "train_logp"
+    assert acc.adds == 1  # a refused add() leaves no trace
+
+
+@pytest.mark.gpu
+def test_add_never_synchronizes_on_cuda(device):
+    law = {"dtype": "float32", "clip_range": 0.2}
+    parts = _micro_batches(seed=25)
+    on_gpu = [tuple(x.to(device) for x in p[:4]) + ({k: v.to(device) if torch.is_tensor(v) else v
+                                                      for k, v in p[4].items()},) for p in parts]
+    audit._CONSTANTS.clear()  # the first add() copies the histogram edges to the device, without a sync too
+    acc = audit.LogpAudit(**law)
+    torch.cuda.synchronize()
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t, r, m, s, meta in on_gpu:
+            acc.add(t, r, m, row_scale=s, metadata=meta)
+        single = audit.LogpAudit(**law)
+        single.add(*on_gpu[0][:3], row_scale=on_gpu[0][3])
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    got, want = acc.report(), audit.LogpAuditReport.merge(
+        *[audit.compare_logp(t, r, m, row_scale=s, metadata=meta, **law) for t, r, m, s, meta in parts])
+    # Exact on any device: counts, the histogram, maxima, tokens (libm's exp may differ in the sums).
+    for k in ("samples", "tokens", "active", "nonfinite", "nonfinite_inputs", "exact", "clipped", "abs_max",
+              "worst", "first_nonfinite", "first_nonfinite_input", "histogram", "percentiles", "reports"):
+        assert repr(getattr(got, k)) == repr(getattr(want, k)), k  # repr: a NaN logp equals itself
+    one = single.report()
+    assert one.percentiles_exact and one.percentiles == audit.compare_logp(*parts[0][:3], row_scale=parts[0][3],
+                                                                           **law).percentiles
+
+
+# ---- non-finite inputs ----
+
+def test_nonfinite_inputs_are_counted_and_reported_never_swallowed():
+    train, rollout, mask = _batch(B=3, T=6, seed=26)
+    train, mask = rollout.clone(), torch.ones_like(mask)
+    train[1, 2] = rollout[1, 2] = -math.inf  # both sides -inf: dlogp 0
+    train[2, 0] = rollout[2, 0] = math.inf
+    train[0, 5], mask[0, 5] = math.nan, False  # inactive: ignored
+    rep = _bitwise(train, rollout, mask)
+    assert rep.nonfinite_inputs == 2 and rep.nonfinite == 0 and rep.exact == rep.active == 17
+    assert rep.status == audit.PASS  # equal infinities alone do not fail: no dlogp is off
+    assert (rep.first_nonfinite_input.sample, rep.first_nonfinite_input.position) == (1, 2)
+    assert rep.first_nonfinite_input.dlogp == 0.0 and rep.first_nonfinite is None
+    out = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    assert out["nonfinite_inputs"] == 2 and out["first_nonfinite_input_token"]["train"] == "-inf"
+    assert "nonfinite inputs 2" in rep.summary()
+    rollout[2, 3] = math.nan  # a NaN is both a non-finite input and a non-finite dlogp, and fails
+    rep = _bitwise(train, rollout, mask)
+    assert (rep.nonfinite_inputs, rep.nonfinite, rep.status) == (3, 1, audit.FAIL)
+    merged = audit.merge_reports([_bitwise(train[:1], rollout[:1], mask[:1]), rep])
+    assert merged.nonfinite_inputs == 3 and merged.first_nonfinite_input.sample == 1 + 1
+
+
+# ---- the frameworks' names ----
+
+FRAMEWORK_KEYS = {"training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+                  "training/rollout_probs_diff_std", "train_rollout_logprob_abs_diff",
+                  "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"}
+
+
+def _numpy_probs_diff(train, rollout, mask):
+    """verl's |exp(train) - exp(rollout)| over the finite active tokens, and how far ours may be from
+    it per token: each exp or expm1 within 3 ulps (NumPy's SIMD exp documents < 2.52), plus the
+    roundings of dlogp, a product and a difference: below 8 eps (exp(train) + exp(rollout))."""
+    t, r, m = (x.double().numpy().ravel() for x in (train, rollout, mask))
+    d = np.where(t == r, 0.0, t - r)
+    keep = m.astype(bool) & np.isfinite(d)
+    et, er = np.exp(t[keep]), np.exp(r[keep])
+    return np.abs(et - er), 8 * EPS * (et + er)
+
+
+def _assert_probs_diff(rep, x, err):
+    """verl's mean, max and unbiased std (torch.std's default) of x against NumPy float64."""
+    fm = rep.framework_metrics()
+    n = x.size
+    u = EPS / 2
+    gamma = (n + 2) * u / (1 - (n + 2) * u)  # Higham's gamma for sums of n terms, either order
+    assert abs(fm["training/rollout_probs_diff_max"] - x.max()) <= err.max()
+    mean = x.sum() / n
+    assert abs(fm["training/rollout_probs_diff_mean"] - mean) <= (2 * gamma * x.sum() + err.sum()) / n + EPS * mean
+    # Ours: (S2 - S1 * (S1 / n)) / (n - 1) from float64 sums; NumPy's var is two-pass. Both are within
+    # a few gamma * S2 of the exact value (S1^2 / n <= S2), and each term may be err off.
+    var = np.var(x, ddof=1)
+    s1, s2, e1 = x.sum(), (x * x).sum(), err.sum()
+    e2 = (2 * x * err + err * err).sum()
+    bound = (6 * gamma * s2 + e2 + (2 * s1 * e1 + e1 * e1) / n) / (n - 1) + 2 * EPS * var
+    assert abs(fm["training/rollout_probs_diff_std"] ** 2 - var) <= bound, (fm, var, bound)
+
+
+def test_framework_metrics_match_numpy_float64():
+    train, rollout, mask = _batch(seed=27)
+    rollout[0, 0], mask[0, 0] = math.nan, True  # non-finite tokens stay out, as in every metric
+    rep = _bitwise(train, rollout, mask)
+    fm = rep.framework_metrics()
+    assert set(fm) == FRAMEWORK_KEYS and rep.to_dict()["framework_metrics"] == fm
+    x, err = _numpy_probs_diff(train, rollout, mask)
+    assert x.size == rep.finite
+    _assert_probs_diff(rep, x, err)
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    d = np.where(t == r, 0.0, t - r)[m.astype(bool)]
+    d = d[np.isfinite(d)]
+    assert fm["sampling/sampling_logp_difference/max"] == np.abs(d).max() == rep.abs_max
+    assert fm["sampling/sampling_logp_difference/mean"] == fm["train_rollout_logprob_abs_diff"] == rep.abs_mean
+    _assert_mean(fm["train_rollout_logprob_abs_diff"], np.abs(d))
+
+
+def test_framework_metrics_merge_exactly():
+    parts = _micro_batches(seed=28)
+    reps = [audit.compare_logp(t, r, m, dtype="float32", row_scale=s) for t, r, m, s, _ in parts]
+    acc = audit.LogpAudit(dtype="float32")
+    for t, r, m, s, _ in parts:
+        acc.add(t, r, m, row_scale=s)
+    for merged in (audit.merge_reports(reps), acc.report()):
+        total = 0.0
+        for r in reps:
+            total += r.sum_pdiff
+        assert merged.sum_pdiff == total and merged.finite == sum(r.finite for r in reps)
+        assert merged.pdiff_max == max(r.pdiff_max for r in reps if r.pdiff_max is not None)
+        fm = merged.framework_metrics()
+        assert fm["sampling/sampling_logp_difference/max"] == max(r.abs_max for r in reps if r.abs_max is not None)
+        train, rollout, mask = (torch.cat([p[i] for p in parts]) for i in range(3))
+        _assert_probs_diff(merged, *_numpy_probs_diff(train, rollout, mask.bool()))
+
+
+def test_framework_metrics_are_none_where_undefined():
+    train, rollout, mask = _batch(B=2, T=5, seed=29)
+    none = _bitwise(train, rollout, torch.zeros_like(mask)).framework_metrics()
+    assert set(none) == FRAMEWORK_KEYS and all(v is None for v in none.values())
+    one = torch.zeros_like(mask)
+    one[1, 3] = True
+    fm = _bitwise(train, rollout, one).framework_metrics()
+    assert fm["training/rollout_probs_diff_std"] is None  # torch.std of one value is NaN: reported as None
+    assert fm["training/rollout_probs_diff_max"] == fm["training/rollout_probs_diff_mean"] is not None
+    same = _bitwise(train, train.clone(), mask).framework_metrics()
+    assert same["training/rollout_probs_diff_std"] == 0.0 and same["sampling/sampling_logp_difference/max"] == 0.0
