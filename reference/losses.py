@@ -1,0 +1,192 @@
+"""float64 references of the RL losses (rlk_triton.losses) and their gradients.
+
+Per token, with lr = logp - old_logp, r = exp(lr), A the advantage, cr = clip(r, 1 - eps_low, 1 + eps_high):
+  ratio_kl        log_ratio = clip(lr, -c, c) (if clamped), ratio = exp(log_ratio), kl(logp, ref)
+  kl estimators   d = logp - ref:  k1 = d,  k2 = d^2 / 2,  k3 = exp(-d) + d - 1
+  ppo surrogate   pg = max(-A r, -A cr);  dual clip (A < 0): pg = min(pg, -A c)
+  cispo           pg = -sg(cr) A logp
+  per-token loss  l = tis * (pg + kl_coef * kl - entropy_coef * entropy)
+                  tis = min(exp(old - rollout), cap) ("truncate"), else 1; "mask" drops tokens with
+                  exp(old - rollout) > cap instead.
+Inactive tokens give 0 everywhere and no gradient. The scalar loss is sum_t w_t l_t with the
+aggregation's weights w (aggregation_weights), so d loss / d logp_t = w_t d l_t / d logp_t.
+Everything is float64 and written the obvious way; tests check the gradients by finite differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x, dtype=np.float64)
+
+
+def _active(mask, shape):
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    return np.asarray(mask) != 0
+
+
+def kl_estimate(logp, ref_logp, estimator="k3"):
+    """(kl, d kl / d logp), float64, of the current policy against ref, per token."""
+    d = _f64(logp) - _f64(ref_logp)
+    if estimator == "k1":
+        return d, np.ones_like(d)
+    if estimator == "k2":
+        return 0.5 * d * d, d
+    if estimator == "k3":
+        return np.exp(-d) + d - 1.0, 1.0 - np.exp(-d)
+    raise ValueError(f"unknown kl estimator {estimator!r}")
+
+
+# ---- ratio_kl ----
+
+def ratio_kl_reference(logp, old_logp, ref_logp=None, mask=None, kl_estimator="k3", log_ratio_clamp=None):
+    """(log_ratio, ratio, kl or None), float64; 0 on inactive tokens."""
+    logp, old = _f64(logp), _f64(old_logp)
+    active = _active(mask, logp.shape)
+    lr = logp - old
+    if log_ratio_clamp is not None:
+        lr = np.clip(lr, -log_ratio_clamp, log_ratio_clamp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = np.exp(lr)
+        kl = None if ref_logp is None else np.where(active, kl_estimate(logp, ref_logp, kl_estimator)[0], 0.0)
+    return np.where(active, lr, 0.0), np.where(active, ratio, 0.0), kl
+
+
+def ratio_kl_grad_reference(logp, old_logp, ref_logp, mask, grad_log_ratio, grad_ratio, grad_kl=None,
+                            kl_estimator="k3", log_ratio_clamp=None):
+    """d/d logp of sum(g_lr * log_ratio + g_r * ratio + g_kl * kl), float64."""
+    logp, old = _f64(logp), _f64(old_logp)
+    active = _active(mask, logp.shape)
+    lr = logp - old
+    dlr = np.ones_like(lr)
+    if log_ratio_clamp is not None:  # torch.clamp's convention: the bounds themselves pass the gradient
+        dlr = ((lr >= -log_ratio_clamp) & (lr <= log_ratio_clamp)).astype(np.float64)
+        lr = np.clip(lr, -log_ratio_clamp, log_ratio_clamp)
+    d = (_f64(grad_log_ratio) + _f64(grad_ratio) * np.exp(lr)) * dlr
+    if ref_logp is not None and grad_kl is not None:
+        d = d + _f64(grad_kl) * kl_estimate(logp, ref_logp, kl_estimator)[1]
+    return np.where(active, d, 0.0)
+
+
+# ---- policy_loss ----
+
+def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_low=0.2, eps_high=None,
+                      dual_clip_c=None, ref_logp=None, kl_coef=0.0, kl_estimator="k3", entropy=None,
+                      entropy_coef=0.0, rollout_logp=None, tis_cap=None, tis_mode="truncate"):
+    """Per-token quantities (dict of float64 / bool [B, T] arrays): loss, dloss_dlogp, dloss_dentropy,
+    active (after TIS masking), clipped, ratio, log_ratio, approx_kl (k3 of old vs current)."""
+    logp, old = _f64(logp), _f64(old_logp)
+    adv = _f64(advantages)
+    if adv.ndim == 1:
+        adv = np.broadcast_to(adv[:, None], logp.shape)
+    active = _active(mask, logp.shape)
+    eps_high = eps_low if eps_high is None else eps_high
+    lr = logp - old
+    r = np.exp(lr)
+    cr = np.clip(r, 1.0 - eps_low, 1.0 + eps_high)
+    if loss_type == "cispo":
+        pg = -cr * adv * logp
+        dpg = -cr * adv
+        clipped = cr != r
+    else:
+        unclipped, clipped_term = -adv * r, -adv * cr
+        clipped = clipped_term > unclipped
+        pg = np.maximum(unclipped, clipped_term)
+        dpg = np.where(clipped, 0.0, -adv * r)
+        if dual_clip_c is not None:
+            dual = (adv < 0) & (-adv * dual_clip_c < pg)
+            pg = np.where(dual, -adv * dual_clip_c, pg)
+            dpg = np.where(dual, 0.0, dpg)
+    loss, dloss = pg, dpg
+    if kl_coef != 0.0:
+        kl, dkl = kl_estimate(logp, ref_logp, kl_estimator)
+        loss, dloss = loss + kl_coef * kl, dloss + kl_coef * dkl
+    dent = np.zeros_like(loss)
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * _f64(entropy)
+        dent = dent - entropy_coef
+    if rollout_logp is not None:
+        w = np.exp(old - _f64(rollout_logp))
+        if tis_mode == "truncate":
+            tw = np.minimum(w, tis_cap)
+            loss, dloss, dent = loss * tw, dloss * tw, dent * tw
+        else:
+            active = active & (w <= tis_cap)
+    k3_old = np.exp(old - logp) - (old - logp) - 1.0
+    z = lambda x: np.where(active, x, 0.0)  # noqa: E731
+    return {"loss": z(loss), "dloss_dlogp": z(dloss), "dloss_dentropy": z(dent), "active": active,
+            "clipped": clipped & active, "ratio": r, "log_ratio": lr, "approx_kl": z(k3_old)}
+
+
+def aggregation_weights(active, aggregation, normalizer=None):
+    """w [B, T] float64 with loss = sum(w * per_token_loss): the aggregation's d loss / d l_t.
+
+    A zero denominator (no active token, no active sequence, or normalizer 0) gives weights 0.
+    """
+    active = np.asarray(active, bool)
+    n_row = active.sum(axis=1).astype(np.float64)
+    n_seq = float((n_row > 0).sum())
+    if aggregation == "token-mean":
+        den = float(active.sum()) if normalizer is None else float(normalizer)
+        per_row = np.full(n_row.shape, 1.0 / den if den else 0.0)
+    elif aggregation in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        den = n_seq if normalizer is None else float(normalizer)
+        per_row = np.full(n_row.shape, 1.0 / den if den else 0.0)
+        if aggregation == "seq-mean-token-mean":
+            per_row = np.divide(per_row, n_row, out=np.zeros_like(per_row), where=n_row > 0)
+    elif aggregation == "seq-mean-token-sum-norm":
+        den = float(normalizer)
+        per_row = np.full(n_row.shape, 1.0 / den if den else 0.0)
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    return np.where(active, per_row[:, None], 0.0)
+
+
+def aggregate(per_token_loss, active, aggregation, normalizer=None):
+    """The scalar loss, written from the definitions (not from the weights)."""
+    loss = np.where(active, _f64(per_token_loss), 0.0)
+    n_row = active.sum(axis=1)
+    row_sum = loss.sum(axis=1)
+    seqs = n_row > 0
+    if aggregation == "token-mean":
+        den = active.sum() if normalizer is None else normalizer
+        return float(loss.sum() / den) if den else 0.0
+    if aggregation == "seq-mean-token-sum":
+        den = seqs.sum() if normalizer is None else normalizer
+        return float(row_sum[seqs].sum() / den) if den else 0.0
+    if aggregation == "seq-mean-token-mean":
+        den = seqs.sum() if normalizer is None else normalizer
+        return float((row_sum[seqs] / n_row[seqs]).sum() / den) if den else 0.0
+    if aggregation == "seq-mean-token-sum-norm":
+        return float(loss.sum() / normalizer) if normalizer else 0.0
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def policy_loss_reference(logp, old_logp, advantages, mask, *, aggregation="token-mean", normalizer=None,
+                          **kwargs):
+    """(loss, per_token_loss [B, T], diagnostics {name: float}), float64. kwargs: policy_loss_terms'."""
+    t = policy_loss_terms(logp, old_logp, advantages, mask, **kwargs)
+    active = t["active"]
+    loss = aggregate(t["loss"], active, aggregation, normalizer)
+    n = int(active.sum())
+    if n == 0:  # no active token: every diagnostic is 0
+        diag = dict.fromkeys(DIAGNOSTICS, 0.0)
+    else:
+        r = t["ratio"][active]
+        diag = {"clipfrac": float(t["clipped"].sum() / n), "approx_kl": float(t["approx_kl"].sum() / n),
+                "ratio_mean": float(r.mean()), "ratio_min": float(r.min()), "ratio_max": float(r.max())}
+    return loss, t["loss"], diag
+
+
+def policy_loss_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad_per_token=None, *,
+                               aggregation="token-mean", normalizer=None, **kwargs):
+    """(d logp, d entropy) of grad_loss * loss + sum(grad_per_token * per_token_loss), float64."""
+    t = policy_loss_terms(logp, old_logp, advantages, mask, **kwargs)
+    up = float(grad_loss) * aggregation_weights(t["active"], aggregation, normalizer)
+    if grad_per_token is not None:
+        up = up + _f64(grad_per_token)
+    return np.where(t["active"], up * t["dloss_dlogp"], 0.0), np.where(t["active"], up * t["dloss_dentropy"], 0.0)

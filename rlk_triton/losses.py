@@ -1,0 +1,272 @@
+"""RL policy losses on per-token log-probabilities: the module RL trainers import.
+
+    from rlk_triton.losses import policy_loss, ratio_kl
+    loss, per_token, diag = policy_loss(logp, old_logp, advantages, mask=mask, loss_type="grpo",
+                                        aggregation="seq-mean-token-mean")
+    log_ratio, ratio, kl = ratio_kl(logp, old_logp, ref_logp, mask=mask)
+
+Inputs are fp32 [B, T] (row = sequence), outputs fp32. Gradients flow to logp (and to entropy when
+its bonus is on); old / ref / rollout logp, advantages, mask and normalizer are constants.
+A token's values and gradients are bitwise independent of the other rows (docs/rl_losses.md).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+
+from ._runtime import interpreter_active
+from .errors import DeviceError, DTypeError, InputError, ShapeError
+from .ops import rl_losses as _op
+
+LOSS_TYPES = ("ppo", "grpo", "dapo", "dr_grpo", "cispo")
+AGGREGATIONS = tuple(_op.AGGREGATIONS)
+KL_ESTIMATORS = tuple(_op.KL_ESTIMATORS)
+TIS_MODES = ("truncate", "mask")
+DIAGNOSTICS = _op.DIAGNOSTICS
+# The aggregation each loss type is usually paired with (the caller still states it explicitly).
+USUAL_AGGREGATION = {
+    "ppo": "token-mean",
+    "grpo": "seq-mean-token-mean",
+    "dapo": "token-mean",  # with eps_high > eps_low ("clip-higher")
+    "dr_grpo": "seq-mean-token-sum-norm",  # normalizer = a constant, e.g. max response length x sequences
+    "cispo": "token-mean",
+}
+MAX_T = 2**24  # per-row token counts are kept in fp32
+
+_INTERPRETED = interpreter_active()
+
+Normalizer = Union[None, float, int, torch.Tensor]
+
+__all__ = ["policy_loss", "ratio_kl", "LOSS_TYPES", "AGGREGATIONS", "KL_ESTIMATORS", "TIS_MODES",
+           "USUAL_AGGREGATION"]
+
+
+def ratio_kl(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: Optional[torch.Tensor] = None,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    kl_estimator: str = "k3",
+    log_ratio_clamp: Optional[float] = None,
+):
+    """Per-token (log_ratio, ratio, kl), fp32 [B, T].
+
+    log_ratio = logp - old_logp, clamped to [-c, c] when log_ratio_clamp = c (no gradient beyond the
+    bounds); ratio = exp(log_ratio); kl = the estimator of KL(current || ref) with d = logp - ref_logp:
+    k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (unbiased, low variance, >= 0). kl is None without ref_logp.
+    Masked tokens (mask == 0) give exact 0 in all three outputs and no gradient. Differentiable w.r.t.
+    logp only.
+    """
+    _check_logp(logp)
+    _check_like("old_logp", old_logp, logp)
+    if ref_logp is not None:
+        _check_like("ref_logp", ref_logp, logp)
+    mask_u8 = None if mask is None else _check_mask(mask, logp)
+    _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    if log_ratio_clamp is not None:
+        log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
+    log_ratio, ratio, kl = _op.ratio_kl_fwd(
+        logp.contiguous(), old_logp.contiguous(), None if ref_logp is None else ref_logp.contiguous(),
+        mask_u8, kl_estimator, log_ratio_clamp,
+    )
+    return log_ratio, ratio, (kl if ref_logp is not None else None)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mask: torch.Tensor,
+    loss_type: str = "ppo",
+    eps_low: float = 0.2,
+    eps_high: Optional[float] = None,
+    dual_clip_c: Optional[float] = None,
+    aggregation: str = "token-mean",
+    normalizer: Normalizer = None,
+    ref_logp: Optional[torch.Tensor] = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: Optional[torch.Tensor] = None,
+    entropy_coef: float = 0.0,
+    rollout_logp: Optional[torch.Tensor] = None,
+    tis_cap: Optional[float] = None,
+    tis_mode: str = "truncate",
+):
+    """The clipped policy-gradient loss and its relatives, fused: (loss, per_token_loss, diagnostics).
+
+    Per active token, with r = exp(logp - old_logp), cr = clip(r, 1 - eps_low, 1 + eps_high):
+      ppo / grpo / dapo / dr_grpo: pg = max(-A r, -A cr); with dual_clip_c = c, for A < 0: min(pg, -A c)
+      cispo:                       pg = -sg(cr) A logp
+      l = tis * (pg + kl_coef * kl(logp, ref_logp) - entropy_coef * entropy)
+    The loss types differ only in the aggregation they are usually paired with (USUAL_AGGREGATION);
+    pass it explicitly. Truncated importance sampling (rollout_logp given): w = exp(old_logp -
+    rollout_logp); tis_mode "truncate" weighs l by min(w, tis_cap), "mask" drops tokens with w > tis_cap
+    as if masked.
+
+    Args:
+        logp, old_logp, ref_logp, rollout_logp, entropy: fp32 [B, T].
+        advantages: fp32 [B, T], or [B] (one per sequence).
+        mask: [B, T] bool or 0/1 numbers; nonzero = active.
+        aggregation: "token-mean" sum / (normalizer or #active tokens); "seq-mean-token-sum" sum over
+            sequences with >= 1 active token of their token sum / (normalizer or #such sequences);
+            "seq-mean-token-mean" the same with each sequence's token mean; "seq-mean-token-sum-norm"
+            sum / normalizer (required: Dr. GRPO's constant). A zero denominator gives loss 0.
+        normalizer: the global denominator the framework owns (a positive number, or a 1-element
+            tensor on logp's device, read on the device without a host sync).
+
+    Returns:
+        loss (fp32 0-dim), per_token_loss (fp32 [B, T], 0 on inactive tokens), diagnostics: dict of
+        fp32 0-dim tensors clipfrac, approx_kl (mean k3 of old vs current), ratio_mean, ratio_min,
+        ratio_max over the active tokens, all 0 when no token is active. Differentiable w.r.t. logp and,
+        when entropy_coef != 0, entropy.
+    """
+    _check_logp(logp)
+    _check_like("old_logp", old_logp, logp)
+    _check_advantages(advantages, logp)
+    mask_u8 = _check_mask(mask, logp)
+    _check_choice("loss_type", loss_type, LOSS_TYPES)
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    _check_choice("tis_mode", tis_mode, TIS_MODES)
+    eps_low = _number("eps_low", eps_low)
+    if not 0.0 <= eps_low <= 1.0:
+        raise InputError("eps_low", f"must lie in [0, 1], got {eps_low!r}")
+    eps_high = eps_low if eps_high is None else _number("eps_high", eps_high, allow_inf=True)
+    if eps_high < 0.0:
+        raise InputError("eps_high", f"must be >= 0, got {eps_high!r}")
+    if dual_clip_c is not None:
+        dual_clip_c = _number("dual_clip_c", dual_clip_c)
+        if dual_clip_c <= 1.0:
+            raise InputError("dual_clip_c", f"must be > 1 (it bounds -A r from above at -A c), got {dual_clip_c!r}")
+        if loss_type == "cispo":
+            raise InputError("dual_clip_c", "applies to the clipped surrogate, not to cispo")
+    kl_coef = _number("kl_coef", kl_coef)
+    entropy_coef = _number("entropy_coef", entropy_coef)
+    if ref_logp is not None:
+        _check_like("ref_logp", ref_logp, logp)
+    elif kl_coef != 0.0:
+        raise InputError("ref_logp", "kl_coef != 0 needs ref_logp")
+    if entropy is not None:
+        _check_like("entropy", entropy, logp)
+    elif entropy_coef != 0.0:
+        raise InputError("entropy", "entropy_coef != 0 needs the per-token entropy")
+    if rollout_logp is not None:
+        _check_like("rollout_logp", rollout_logp, logp)
+        if tis_cap is None:
+            raise InputError("tis_cap", "rollout_logp is given: pass tis_cap (float('inf') for untruncated weights)")
+        tis_cap = _positive("tis_cap", tis_cap, allow_inf=True)
+    elif tis_cap is not None:
+        raise InputError("rollout_logp", "tis_cap is given: pass rollout_logp (the rollout engine's logp)")
+    norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp)
+
+    c = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    loss, per_token, diag, _row_weight = _op.policy_loss_fwd(
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8,
+        c(ref_logp) if kl_coef != 0.0 else None, c(entropy) if entropy_coef != 0.0 else None, c(rollout_logp),
+        norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c, kl_coef,
+        kl_estimator, entropy_coef, "none" if rollout_logp is None else tis_mode, tis_cap,
+    )
+    diag = diag.detach()
+    return loss, per_token, {name: diag[i] for i, name in enumerate(DIAGNOSTICS)}
+
+
+# ---- validation: typed errors that name the argument ----
+
+def _check_logp(logp):
+    if not isinstance(logp, torch.Tensor):
+        raise DTypeError("logp", f"expected a torch.Tensor, got {type(logp).__name__}")
+    if logp.dtype != torch.float32:
+        raise DTypeError("logp", f"dtype {logp.dtype} is not float32 (per-token log-probabilities are fp32)")
+    if logp.dim() != 2:
+        raise ShapeError("logp", f"must be [B, T] (one row per sequence), got shape {tuple(logp.shape)}")
+    if logp.shape[1] >= MAX_T:
+        raise ShapeError("logp", f"T = {logp.shape[1]} must be < 2^24 (per-row token counts are kept in fp32)")
+    if logp.numel() >= 2**31:
+        raise ShapeError("logp", f"B * T = {logp.numel()} must be < 2^31 (token totals are int32)")
+    if logp.device.type == "cpu":
+        if not _INTERPRETED:
+            raise DeviceError("logp", "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
+                              "before importing rlk_triton, or move to CUDA")
+    elif logp.device.type != "cuda":
+        raise DeviceError("logp", f"unsupported device {logp.device}")
+
+
+def _check_like(name, x, logp):
+    if not isinstance(x, torch.Tensor):
+        raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise DTypeError(name, f"dtype {x.dtype} is not float32")
+    if tuple(x.shape) != tuple(logp.shape):
+        raise ShapeError(name, f"shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
+    if x.device != logp.device:
+        raise DeviceError(name, f"on {x.device}, logp on {logp.device}")
+
+
+def _check_advantages(adv, logp):
+    if not isinstance(adv, torch.Tensor):
+        raise DTypeError("advantages", f"expected a torch.Tensor, got {type(adv).__name__}")
+    if adv.dtype != torch.float32:
+        raise DTypeError("advantages", f"dtype {adv.dtype} is not float32")
+    if tuple(adv.shape) not in (tuple(logp.shape), tuple(logp.shape[:1])):
+        raise ShapeError("advantages", f"shape {tuple(adv.shape)} is neither [B, T] = {tuple(logp.shape)} "
+                         f"nor [B] = {tuple(logp.shape[:1])}")
+    if adv.device != logp.device:
+        raise DeviceError("advantages", f"on {adv.device}, logp on {logp.device}")
+
+
+def _check_mask(mask, logp) -> torch.Tensor:
+    """The mask as uint8 0/1 (a free view for bool masks)."""
+    if not isinstance(mask, torch.Tensor):
+        raise DTypeError("mask", f"expected a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype.is_complex:
+        raise DTypeError("mask", f"dtype {mask.dtype} is not bool, integer or floating point")
+    if tuple(mask.shape) != tuple(logp.shape):
+        raise ShapeError("mask", f"shape {tuple(mask.shape)} does not match logp {tuple(logp.shape)}")
+    if mask.device != logp.device:
+        raise DeviceError("mask", f"on {mask.device}, logp on {logp.device}")
+    if mask.dtype != torch.bool:
+        mask = mask != 0
+    return mask.contiguous().view(torch.uint8)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise InputError(name, f"unknown {name} {value!r} (have: {', '.join(choices)})")
+
+
+def _number(name, value, allow_inf=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(name, f"expected a number, got {type(value).__name__}")
+    v = float(value)
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise InputError(name, f"must be finite, got {value!r}")
+    return v
+
+
+def _positive(name, value, allow_inf=False) -> float:
+    v = _number(name, value, allow_inf)
+    if v <= 0.0:
+        raise InputError(name, f"must be > 0, got {value!r}")
+    return v
+
+
+def _check_normalizer(normalizer, aggregation, logp):
+    """(value, None), (None, fp32-readable 1-element tensor) or (None, None)."""
+    if normalizer is None:
+        if aggregation == "seq-mean-token-sum-norm":
+            raise InputError("normalizer", "seq-mean-token-sum-norm divides by a constant the caller "
+                             "chooses (Dr. GRPO: e.g. max response length x number of sequences)")
+        return None, None
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1:
+            raise ShapeError("normalizer", f"must hold one number, got shape {tuple(normalizer.shape)}")
+        if normalizer.dtype == torch.bool or normalizer.dtype.is_complex:
+            raise DTypeError("normalizer", f"dtype {normalizer.dtype} is not a real number type")
+        if normalizer.device != logp.device:
+            raise DeviceError("normalizer", f"on {normalizer.device}, logp on {logp.device}")
+        return None, normalizer.detach().reshape(1).contiguous()
+    return _positive("normalizer", normalizer), None

@@ -1,0 +1,622 @@
+"""RL losses on per-token log-probabilities: kernels, launchers, custom ops.
+
+Inputs are fp32 [B, T] (row = sequence); all arithmetic is fp32, nothing is downcast.
+
+ratio_kl:    elementwise, one program per (row, tile of BLOCK_T tokens), forward and backward.
+policy_loss: three kernels, no atomics:
+  1. _policy_loss_rows_kernel: one program per row streams the row's tiles in increasing order
+     (0, 1, ..., cdiv(T, BLOCK_T) - 1). It writes the per-token loss and folds each tile, reduced by
+     tl.sum's fixed tree over BLOCK_T lanes, into the row's partial sums (ROW_STATS columns).
+  2. _policy_loss_batch_kernel: one program folds the rows' partial sums in the same way: tiles of
+     BLOCK_B rows in increasing order, each reduced by tl.sum's tree. It writes the scalar loss, the
+     diagnostics, and each row's weight d loss / d l_t (the same for every token of a row).
+  3. _policy_loss_bwd_kernel: elementwise per (row, tile): d logp = (g_loss * row_weight + g_token) * dl/dlogp.
+The per-token math is one @triton.jit function (_policy_token) that the forward and backward both call,
+so they agree on every branch. Block sizes never depend on B or T (LOCKED_CONFIGS below), and B and T
+are not specialized on, so one binary serves every shape: a row padded with masked tokens, or a batch
+followed by empty rows, sums the same numbers in the same tree (the extra lanes and tiles add exact
+zeros), so those give bitwise the same results too.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..configs import LaunchConfig
+from .._runtime import arch_of
+
+# Locked launch configs of this file, (kernel, arch) -> LaunchConfig. block_v is the tile width of the
+# dim a program streams: BLOCK_T tokens for the row kernels, BLOCK_B rows for the batch kernel.
+# Never a function of B or T (see the module docstring). Not tuned on a GPU yet: the "cuda" rows are
+# reasonable defaults (8 fp32 per thread per tile); the interpreter rows keep tests cheap.
+# This table moves into rlk_triton/configs.LOCKED_CONFIGS (and its fingerprint) once that file is free
+# to edit; until then configs.fingerprint() does not cover it.
+LOCKED_CONFIGS: dict[tuple[str, str], LaunchConfig] = {
+    ("rl_ratio_kl_fwd", "cuda"): LaunchConfig(1024, 4, 1),
+    ("rl_ratio_kl_bwd", "cuda"): LaunchConfig(1024, 4, 1),
+    ("rl_policy_loss_rows", "cuda"): LaunchConfig(1024, 4, 1),
+    ("rl_policy_loss_batch", "cuda"): LaunchConfig(1024, 4, 1),
+    ("rl_policy_loss_bwd", "cuda"): LaunchConfig(1024, 4, 1),
+    ("rl_ratio_kl_fwd", "interpreter"): LaunchConfig(256, 4, 1),
+    ("rl_ratio_kl_bwd", "interpreter"): LaunchConfig(256, 4, 1),
+    ("rl_policy_loss_rows", "interpreter"): LaunchConfig(256, 4, 1),
+    ("rl_policy_loss_batch", "interpreter"): LaunchConfig(64, 4, 1),
+    ("rl_policy_loss_bwd", "interpreter"): LaunchConfig(256, 4, 1),
+}
+
+KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
+AGGREGATIONS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 3}
+TIS_MODES = {"none": 0, "truncate": 1, "mask": 2}
+DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+# Columns of the per-row partial sums written by the rows kernel (counts are exact in fp32: T < 2^24).
+ROW_STATS = ("loss_sum", "n_active", "n_clipped", "approx_kl_sum", "ratio_sum", "ratio_min", "ratio_max",
+             "token_mean")
+N_ROW_STATS = 8
+
+
+def config(kernel: str, device: torch.device) -> LaunchConfig:
+    arch = arch_of(device)
+    key = (kernel, arch if arch == "interpreter" else "cuda")
+    try:
+        return LOCKED_CONFIGS[key]
+    except KeyError:
+        raise KeyError(f"no locked config for {key}") from None
+
+
+# ---- per-token math, shared by forward and backward ----
+
+@triton.jit
+def _kl_and_grad(logp, ref, KL_EST: tl.constexpr):
+    """(kl of the current policy against ref, d kl / d logp), fp32."""
+    if KL_EST == 1:
+        kl = logp - ref
+        dkl = tl.full(kl.shape, 1.0, tl.float32)
+    elif KL_EST == 2:
+        d = logp - ref
+        kl = 0.5 * d * d
+        dkl = d
+    else:
+        u = ref - logp
+        e = tl.exp(u)
+        kl = (e - 1.0) - u  # e - 1 is exact for |u| < ln 2 (Sterbenz): no cancellation beyond it
+        dkl = 1.0 - e
+    return kl, dkl
+
+
+@triton.jit
+def _clip(x, lo, hi):
+    """clip(x, lo, hi) that propagates NaN on every backend (tl.minimum on a GPU drops it)."""
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
+                    KL_EST: tl.constexpr):
+    """(log_ratio, ratio, kl, d log_ratio / d logp, d kl / d logp) of one tile."""
+    log_ratio = logp - old
+    if HAS_CLAMP:
+        # torch.clamp's convention: the gradient passes at the bounds, is 0 beyond them.
+        dlr = ((log_ratio >= -clamp) & (log_ratio <= clamp)).to(tl.float32)
+        log_ratio = _clip(log_ratio, -clamp, clamp)
+    else:
+        dlr = tl.full(log_ratio.shape, 1.0, tl.float32)
+    ratio = tl.exp(log_ratio)
+    if HAS_REF:
+        kl, dkl = _kl_and_grad(logp, ref, KL_EST)
+    else:
+        kl = log_ratio
+        dkl = dlr
+    return log_ratio, ratio, kl, dlr, dkl
+
+
+@triton.jit
+def _policy_token(logp, old, adv, ref, ent, roll, active,
+                  clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+                  CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr, KL_EST: tl.constexpr,
+                  HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr):
+    """Per-token loss l and its derivatives of one tile; `active` comes back with TIS masking applied.
+
+    Returns (l, dl/dlogp, dl/dentropy, active, clipped, ratio). Inactive lanes hold 0 in l and the
+    derivatives (tl.where, so that NaN / inf in padding never leaks).
+    """
+    ratio = tl.exp(logp - old)
+    clipped_ratio = _clip(ratio, clip_lo, clip_hi)
+    if CISPO:
+        # -sg(clip(r)) * A * logp: the clipped ratio is a constant weight on the log-likelihood.
+        weight = -(clipped_ratio * adv)
+        pg = weight * logp
+        dpg = weight
+        clipped = clipped_ratio != ratio
+    else:
+        unclipped = -adv * ratio  # d/dlogp of -A r is -A r itself
+        clipped_term = -adv * clipped_ratio
+        clipped = clipped_term > unclipped
+        pg = tl.where(clipped, clipped_term, unclipped)
+        dpg = tl.where(clipped, 0.0, unclipped)
+        if DUAL_CLIP:
+            dual_term = -adv * dual_c
+            dual = (adv < 0.0) & (dual_term < pg)
+            pg = tl.where(dual, dual_term, pg)
+            dpg = tl.where(dual, 0.0, dpg)
+    loss = pg
+    dloss = dpg
+    if HAS_KL:
+        kl, dkl = _kl_and_grad(logp, ref, KL_EST)
+        loss = loss + kl_coef * kl
+        dloss = dloss + kl_coef * dkl
+    if HAS_ENTROPY:
+        loss = loss - ent_coef * ent
+    dent = tl.full(loss.shape, 0.0, tl.float32) - ent_coef
+    if TIS_MODE == 1:  # truncate: a constant weight min(w, cap) on the whole token loss
+        w = tl.exp(old - roll)
+        tis = tl.where(w > tis_cap, tis_cap, w)
+        loss = loss * tis
+        dloss = dloss * tis
+        dent = dent * tis
+    elif TIS_MODE == 2:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
+        w = tl.exp(old - roll)
+        active = active & (w <= tis_cap)
+    loss = tl.where(active, loss, 0.0)
+    dloss = tl.where(active, dloss, 0.0)
+    dent = tl.where(active, dent, 0.0)
+    return loss, dloss, dent, active, clipped & active, ratio
+
+
+# ---- ratio_kl kernels ----
+
+@triton.jit(do_not_specialize=["T", "clamp"])
+def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ratio_ptr, kl_ptr, T, clamp,
+                         HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
+                         KL_EST: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
+    p = row * T + offs
+    active = inb
+    if HAS_MASK:
+        active = active & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
+    old = tl.load(old_ptr + p, mask=inb, other=0.0)
+    ref = logp
+    if HAS_REF:
+        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    log_ratio, ratio, kl, _dlr, _dkl = _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP, HAS_REF, KL_EST)
+    tl.store(log_ratio_ptr + p, tl.where(active, log_ratio, 0.0), mask=inb)
+    tl.store(ratio_ptr + p, tl.where(active, ratio, 0.0), mask=inb)
+    if HAS_REF:
+        tl.store(kl_ptr + p, tl.where(active, kl, 0.0), mask=inb)
+
+
+@triton.jit(do_not_specialize=["T", "clamp"])
+def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref_ptr, mask_ptr, grad_ptr,
+                         T, clamp,
+                         HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
+                         KL_EST: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
+    p = row * T + offs
+    active = inb
+    if HAS_MASK:
+        active = active & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
+    old = tl.load(old_ptr + p, mask=inb, other=0.0)
+    ref = logp
+    if HAS_REF:
+        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    _lr, ratio, _kl, dlr, dkl = _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP, HAS_REF, KL_EST)
+    g_lr = tl.load(g_lr_ptr + p, mask=inb, other=0.0)
+    g_ratio = tl.load(g_ratio_ptr + p, mask=inb, other=0.0)
+    d = (g_lr + g_ratio * ratio) * dlr
+    if HAS_REF:
+        d = d + tl.load(g_kl_ptr + p, mask=inb, other=0.0) * dkl
+    tl.store(grad_ptr + p, tl.where(active, d, 0.0), mask=inb)
+
+
+# ---- policy_loss kernels ----
+
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+def _policy_loss_rows_kernel(
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK_T)
+    if ADV_PER_ROW:
+        adv_row = tl.zeros((BLOCK_T,), tl.float32) + tl.load(adv_ptr + row)  # a tile, like the others
+    loss_sum = tl.zeros((), tl.float32)
+    kl_sum = tl.zeros((), tl.float32)
+    ratio_sum = tl.zeros((), tl.float32)
+    ratio_min = tl.full((), float("inf"), tl.float32)
+    ratio_max = tl.full((), float("-inf"), tl.float32)
+    n_active = tl.zeros((), tl.int32)
+    n_clipped = tl.zeros((), tl.int32)
+    for tile in range(0, tl.cdiv(T, BLOCK_T)):  # the fixed tile order of the row sums
+        offs = tile * BLOCK_T + lanes
+        inb = offs < T
+        p = row * T + offs
+        active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+        logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
+        old = tl.load(old_ptr + p, mask=inb, other=0.0)
+        if ADV_PER_ROW:
+            adv = adv_row
+        else:
+            adv = tl.load(adv_ptr + p, mask=inb, other=0.0)
+        ref = logp
+        if HAS_KL:
+            ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+        ent = logp
+        if HAS_ENTROPY:
+            ent = tl.load(ent_ptr + p, mask=inb, other=0.0)
+        roll = old
+        if TIS_MODE != 0:
+            roll = tl.load(roll_ptr + p, mask=inb, other=0.0)
+        loss, _dl, _de, active, clipped, ratio = _policy_token(
+            logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+            CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+        tl.store(per_token_ptr + p, loss, mask=inb)
+        u = old - logp  # approx_kl: k3 of old vs current
+        k3 = (tl.exp(u) - 1.0) - u
+        loss_sum += tl.sum(loss, 0)
+        kl_sum += tl.sum(tl.where(active, k3, 0.0), 0)
+        ratio_sum += tl.sum(tl.where(active, ratio, 0.0), 0)
+        ratio_min = tl.minimum(ratio_min, tl.min(tl.where(active, ratio, float("inf")), 0))
+        ratio_max = tl.maximum(ratio_max, tl.max(tl.where(active, ratio, float("-inf")), 0))
+        n_active += tl.sum(active.to(tl.int32), 0)
+        n_clipped += tl.sum(clipped.to(tl.int32), 0)
+    n = n_active.to(tl.float32)
+    out = row_stats_ptr + row * 8
+    tl.store(out + 0, loss_sum)
+    tl.store(out + 1, n)
+    tl.store(out + 2, n_clipped.to(tl.float32))
+    tl.store(out + 3, kl_sum)
+    tl.store(out + 4, ratio_sum)
+    tl.store(out + 5, ratio_min)
+    tl.store(out + 6, ratio_max)
+    tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0))
+
+
+@triton.jit(do_not_specialize=["B", "normalizer"])
+def _policy_loss_batch_kernel(
+    row_stats_ptr, B, normalizer_ptr, normalizer, loss_ptr, diag_ptr, row_weight_ptr,
+    AGG: tl.constexpr, HAS_NORMALIZER: tl.constexpr, NORMALIZER_FROM_PTR: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    lanes = tl.arange(0, BLOCK_B)
+    loss_sum = tl.zeros((), tl.float32)
+    token_mean_sum = tl.zeros((), tl.float32)
+    kl_sum = tl.zeros((), tl.float32)
+    ratio_sum = tl.zeros((), tl.float32)
+    ratio_min = tl.full((), float("inf"), tl.float32)
+    ratio_max = tl.full((), float("-inf"), tl.float32)
+    n_tokens = tl.zeros((), tl.int32)
+    n_seqs = tl.zeros((), tl.int32)
+    n_clipped = tl.zeros((), tl.int32)
+    for tile in range(0, tl.cdiv(B, BLOCK_B)):  # the fixed tile order of the batch sums
+        rows = tile * BLOCK_B + lanes
+        inb = rows < B
+        st = row_stats_ptr + rows.to(tl.int64) * 8
+        n = tl.load(st + 1, mask=inb, other=0.0)
+        has = n > 0.0
+        loss_sum += tl.sum(tl.load(st + 0, mask=inb, other=0.0), 0)
+        n_tokens += tl.sum(n.to(tl.int32), 0)
+        n_seqs += tl.sum(has.to(tl.int32), 0)
+        n_clipped += tl.sum(tl.load(st + 2, mask=inb, other=0.0).to(tl.int32), 0)
+        kl_sum += tl.sum(tl.load(st + 3, mask=inb, other=0.0), 0)
+        ratio_sum += tl.sum(tl.load(st + 4, mask=inb, other=0.0), 0)
+        ratio_min = tl.minimum(ratio_min, tl.min(tl.load(st + 5, mask=inb & has, other=float("inf")), 0))
+        ratio_max = tl.maximum(ratio_max, tl.max(tl.load(st + 6, mask=inb & has, other=float("-inf")), 0))
+        token_mean_sum += tl.sum(tl.load(st + 7, mask=inb, other=0.0), 0)
+
+    if HAS_NORMALIZER:
+        if NORMALIZER_FROM_PTR:
+            den = tl.load(normalizer_ptr).to(tl.float32)
+        else:
+            den = tl.cast(normalizer, tl.float32)
+    elif AGG == 0:
+        den = n_tokens.to(tl.float32)
+    else:
+        den = n_seqs.to(tl.float32)
+    if AGG == 2:
+        num = token_mean_sum
+    else:
+        num = loss_sum
+    has_den = den != 0.0  # a zero denominator (nothing active, or normalizer 0) gives loss 0
+    safe_den = tl.where(has_den, den, 1.0)
+    tl.store(loss_ptr, tl.where(has_den, num / safe_den, 0.0))
+    inv_den = tl.where(has_den, 1.0 / safe_den, 0.0)
+
+    has_tok = n_tokens > 0  # no active token: every diagnostic is 0
+    n_tok = tl.where(has_tok, n_tokens.to(tl.float32), 1.0)
+    tl.store(diag_ptr + 0, tl.where(has_tok, n_clipped.to(tl.float32) / n_tok, 0.0))
+    tl.store(diag_ptr + 1, tl.where(has_tok, kl_sum / n_tok, 0.0))
+    tl.store(diag_ptr + 2, tl.where(has_tok, ratio_sum / n_tok, 0.0))
+    tl.store(diag_ptr + 3, tl.where(has_tok, ratio_min, 0.0))
+    tl.store(diag_ptr + 4, tl.where(has_tok, ratio_max, 0.0))
+
+    for tile in range(0, tl.cdiv(B, BLOCK_B)):  # d loss / d l_t of each row's active tokens
+        rows = tile * BLOCK_B + lanes
+        inb = rows < B
+        n = tl.load(row_stats_ptr + rows.to(tl.int64) * 8 + 1, mask=inb, other=0.0)
+        if AGG == 2:
+            w = inv_den / tl.maximum(n, 1.0)
+        else:
+            w = tl.zeros((BLOCK_B,), tl.float32) + inv_den
+        tl.store(row_weight_ptr + rows, tl.where(n > 0.0, w, 0.0), mask=inb)
+
+
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+def _policy_loss_bwd_kernel(
+    grad_loss_ptr, grad_token_ptr, row_weight_ptr,
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, grad_logp_ptr, grad_ent_ptr,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    HAS_TOKEN_GRAD: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr,
+    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
+    p = row * T + offs
+    active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
+    old = tl.load(old_ptr + p, mask=inb, other=0.0)
+    if ADV_PER_ROW:
+        adv = tl.zeros((BLOCK_T,), tl.float32) + tl.load(adv_ptr + row)
+    else:
+        adv = tl.load(adv_ptr + p, mask=inb, other=0.0)
+    ref = logp
+    if HAS_KL:
+        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    ent = logp
+    if HAS_ENTROPY:
+        ent = tl.load(ent_ptr + p, mask=inb, other=0.0)
+    roll = old
+    if TIS_MODE != 0:
+        roll = tl.load(roll_ptr + p, mask=inb, other=0.0)
+    _l, dloss, dent, active, _c, _r = _policy_token(
+        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+    up = tl.load(grad_loss_ptr) * tl.load(row_weight_ptr + row)
+    if HAS_TOKEN_GRAD:
+        up = up + tl.load(grad_token_ptr + p, mask=inb, other=0.0)
+    tl.store(grad_logp_ptr + p, tl.where(active, up * dloss, 0.0), mask=inb)
+    if WITH_ENTROPY_GRAD:
+        tl.store(grad_ent_ptr + p, tl.where(active, up * dent, 0.0), mask=inb)
+
+
+# ---- launchers ----
+
+def launch_ratio_kl_forward(logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp):
+    B, T = logp.shape
+    log_ratio = torch.empty_like(logp)
+    ratio = torch.empty_like(logp)
+    kl = torch.empty_like(logp) if ref_logp is not None else logp.new_empty(0)
+    if B * T == 0:
+        return log_ratio, ratio, kl
+    cfg = config("rl_ratio_kl_fwd", logp.device)
+    _ratio_kl_fwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+        logp, old_logp, ref_logp if ref_logp is not None else logp, mask if mask is not None else logp,
+        log_ratio, ratio, kl if ref_logp is not None else logp, T,
+        float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0,
+        HAS_MASK=mask is not None, HAS_CLAMP=log_ratio_clamp is not None, HAS_REF=ref_logp is not None,
+        KL_EST=KL_ESTIMATORS[kl_estimator], BLOCK_T=cfg.block_v, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return log_ratio, ratio, kl
+
+
+def launch_ratio_kl_backward(g_lr, g_ratio, g_kl, logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp):
+    B, T = logp.shape
+    grad = torch.empty_like(logp)
+    if B * T == 0:
+        return grad
+    cfg = config("rl_ratio_kl_bwd", logp.device)
+    has_ref = ref_logp is not None
+    _ratio_kl_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+        g_lr, g_ratio, g_kl if has_ref else g_lr, logp, old_logp, ref_logp if has_ref else logp,
+        mask if mask is not None else logp, grad, T,
+        float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0,
+        HAS_MASK=mask is not None, HAS_CLAMP=log_ratio_clamp is not None, HAS_REF=has_ref,
+        KL_EST=KL_ESTIMATORS[kl_estimator], BLOCK_T=cfg.block_v, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return grad
+
+
+def _token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap):
+    return (float(clip_low), float(clip_high), float(dual_clip_c) if dual_clip_c is not None else 0.0,
+            float(kl_coef), float(entropy_coef), float(tis_cap) if tis_cap is not None else 0.0)
+
+
+def _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode):
+    return dict(ADV_PER_ROW=advantages.dim() == 1, CISPO=loss_type == "cispo", DUAL_CLIP=dual_clip_c is not None,
+                HAS_KL=ref_logp is not None, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=entropy is not None,
+                TIS_MODE=TIS_MODES[tis_mode])
+
+
+def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
+                               normalizer_tensor, normalizer, loss_type, aggregation, clip_low, clip_high,
+                               dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap):
+    """Returns (loss [], per_token_loss [B, T], diagnostics [5], row_weight [B]), all fp32.
+
+    ref_logp / entropy / rollout_logp are None when their term is off (the wrapper decides).
+    """
+    B, T = logp.shape
+    dev = logp.device
+    per_token = torch.empty_like(logp)
+    row_stats = torch.empty((B, N_ROW_STATS), dtype=torch.float32, device=dev)
+    loss = torch.empty((), dtype=torch.float32, device=dev)
+    diag = torch.empty(len(DIAGNOSTICS), dtype=torch.float32, device=dev)
+    row_weight = torch.empty(B, dtype=torch.float32, device=dev)
+    if B == 0:  # nothing to launch over: the documented empty result
+        return loss.zero_(), per_token, diag.zero_(), row_weight
+    cfg = config("rl_policy_loss_rows", dev)
+    _policy_loss_rows_kernel[(B,)](
+        logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
+        entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
+        per_token, row_stats, T,
+        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),
+        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode),
+        BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    cfg = config("rl_policy_loss_batch", dev)
+    has_norm = normalizer_tensor is not None or normalizer is not None
+    _policy_loss_batch_kernel[(1,)](
+        row_stats, B, normalizer_tensor if normalizer_tensor is not None else loss,
+        float(normalizer) if normalizer is not None else 0.0, loss, diag, row_weight,
+        AGG=AGGREGATIONS[aggregation], HAS_NORMALIZER=has_norm, NORMALIZER_FROM_PTR=normalizer_tensor is not None,
+        BLOCK_B=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return loss, per_token, diag, row_weight
+
+
+def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask,
+                                ref_logp, entropy, rollout_logp, loss_type, clip_low, clip_high, dual_clip_c,
+                                kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap, with_entropy_grad):
+    """Returns (d logp [B, T], d entropy [B, T] or [0]); grad_per_token may be None (no upstream)."""
+    B, T = logp.shape
+    grad_logp = torch.empty_like(logp)
+    grad_ent = torch.empty_like(logp) if with_entropy_grad else logp.new_empty(0)
+    if B * T == 0:
+        return grad_logp, grad_ent
+    cfg = config("rl_policy_loss_bwd", logp.device)
+    _policy_loss_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+        grad_loss, grad_per_token if grad_per_token is not None else logp, row_weight,
+        logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
+        entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
+        grad_logp, grad_ent if with_entropy_grad else grad_logp, T,
+        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),
+        HAS_TOKEN_GRAD=grad_per_token is not None, WITH_ENTROPY_GRAD=with_entropy_grad,
+        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode),
+        BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return grad_logp, grad_ent
+
+
+# ---- torch.library custom ops: usable under torch.compile, autograd through register_autograd ----
+# Only logp (and entropy, when its term is on) get gradients; old / ref / rollout logp, advantages,
+# the mask and the normalizer are constants of the loss.
+
+@torch.library.custom_op("rlk_triton::rl_ratio_kl_fwd", mutates_args=())
+def ratio_kl_fwd(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
+                 mask: Optional[torch.Tensor], kl_estimator: str, log_ratio_clamp: Optional[float],
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_ratio_kl_forward(logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp)
+
+
+@ratio_kl_fwd.register_fake
+def _(logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp):
+    return torch.empty_like(logp), torch.empty_like(logp), \
+        torch.empty_like(logp) if ref_logp is not None else logp.new_empty(0)
+
+
+@torch.library.custom_op("rlk_triton::rl_ratio_kl_bwd", mutates_args=())
+def ratio_kl_bwd(grad_log_ratio: torch.Tensor, grad_ratio: torch.Tensor, grad_kl: Optional[torch.Tensor],
+                 logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
+                 mask: Optional[torch.Tensor], kl_estimator: str, log_ratio_clamp: Optional[float],
+                 ) -> torch.Tensor:
+    return launch_ratio_kl_backward(grad_log_ratio, grad_ratio, grad_kl, logp, old_logp, ref_logp, mask,
+                                    kl_estimator, log_ratio_clamp)
+
+
+@ratio_kl_bwd.register_fake
+def _(grad_log_ratio, grad_ratio, grad_kl, logp, *rest):
+    return torch.empty_like(logp)
+
+
+def _ratio_kl_setup_context(ctx, inputs, output):
+    logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp = inputs
+    ctx.save_for_backward(logp, old_logp, ref_logp, mask)
+    ctx.kl_estimator = kl_estimator
+    ctx.log_ratio_clamp = log_ratio_clamp
+
+
+def _ratio_kl_backward(ctx, g_lr, g_ratio, g_kl):
+    logp, old_logp, ref_logp, mask = ctx.saved_tensors
+    zeros = lambda g: torch.zeros_like(logp) if g is None else g.contiguous()  # noqa: E731
+    g_kl = None if ref_logp is None else zeros(g_kl)
+    grad = ratio_kl_bwd(zeros(g_lr), zeros(g_ratio), g_kl, logp, old_logp, ref_logp, mask,
+                        ctx.kl_estimator, ctx.log_ratio_clamp)
+    return grad, None, None, None, None, None
+
+
+ratio_kl_fwd.register_autograd(_ratio_kl_backward, setup_context=_ratio_kl_setup_context)
+
+
+@torch.library.custom_op("rlk_triton::rl_policy_loss_fwd", mutates_args=())
+def policy_loss_fwd(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor], rollout_logp: Optional[torch.Tensor],
+    normalizer_tensor: Optional[torch.Tensor], normalizer: Optional[float], loss_type: str, aggregation: str,
+    clip_low: float, clip_high: float, dual_clip_c: Optional[float], kl_coef: float, kl_estimator: str,
+    entropy_coef: float, tis_mode: str, tis_cap: Optional[float],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
+                                      normalizer_tensor, normalizer, loss_type, aggregation, clip_low, clip_high,
+                                      dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap)
+
+
+@policy_loss_fwd.register_fake
+def _(logp, *rest):
+    f = lambda *shape: logp.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    return f(), f(*logp.shape), f(len(DIAGNOSTICS)), f(logp.shape[0])
+
+
+@torch.library.custom_op("rlk_triton::rl_policy_loss_bwd", mutates_args=())
+def policy_loss_bwd(
+    grad_loss: torch.Tensor, grad_per_token: Optional[torch.Tensor], row_weight: torch.Tensor,
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor], rollout_logp: Optional[torch.Tensor],
+    loss_type: str, clip_low: float, clip_high: float, dual_clip_c: Optional[float], kl_coef: float,
+    kl_estimator: str, entropy_coef: float, tis_mode: str, tis_cap: Optional[float], with_entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask,
+                                       ref_logp, entropy, rollout_logp, loss_type, clip_low, clip_high,
+                                       dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap,
+                                       with_entropy_grad)
+
+
+@policy_loss_bwd.register_fake
+def _(grad_loss, grad_per_token, row_weight, logp, *rest):
+    with_entropy_grad = rest[-1]
+    return torch.empty_like(logp), torch.empty_like(logp) if with_entropy_grad else logp.new_empty(0)
+
+
+_POLICY_PARAMS = ("normalizer", "loss_type", "aggregation", "clip_low", "clip_high", "dual_clip_c", "kl_coef",
+                  "kl_estimator", "entropy_coef", "tis_mode", "tis_cap")
+
+
+def _policy_setup_context(ctx, inputs, output):
+    (logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, _norm_t, *params) = inputs
+    _loss, _per_token, _diag, row_weight = output
+    ctx.save_for_backward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, row_weight)
+    ctx.params = dict(zip(_POLICY_PARAMS, params))
+
+
+def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weight):
+    logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, row_weight = ctx.saved_tensors
+    p = ctx.params
+    if grad_loss is None:
+        grad_loss = torch.zeros((), dtype=torch.float32, device=logp.device)
+    with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
+    grad_logp, grad_ent = policy_loss_bwd(
+        grad_loss.contiguous(), None if grad_per_token is None else grad_per_token.contiguous(), row_weight,
+        logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, p["loss_type"], p["clip_low"],
+        p["clip_high"], p["dual_clip_c"], p["kl_coef"], p["kl_estimator"], p["entropy_coef"], p["tis_mode"],
+        p["tis_cap"], with_entropy_grad,
+    )
+    n_inputs = 8 + len(_POLICY_PARAMS)
+    grads = [None] * n_inputs
+    grads[0] = grad_logp
+    if with_entropy_grad:
+        grads[5] = grad_ent
+    return tuple(grads)
+
+
+policy_loss_fwd.register_autograd(_policy_backward, setup_context=_policy_setup_context)

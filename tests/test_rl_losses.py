@@ -1,0 +1,734 @@
+"""rlk_triton.losses: parity with the float64 references judged by contracts/rl_losses.yaml, bitwise
+batch invariance, empty and fully masked inputs, typed errors, torch.compile.
+
+The helpers at the top (make_inputs, the error scales, judge_*) are also what
+scripts/measure_rl_losses.py measures with, so that the contract and the tests use one definition.
+
+Error scales (the `scale` of the scaled_abs rows; the size of the numbers the fp32 arithmetic
+handles, which its rounding error grows with), per active token, float64, with lr = logp - old,
+r = exp(lr), cr = clip(r), A the advantage, u = ref - logp:
+  kscale(kl)      k1: |u|,  k2: u^2,  k3: exp(u) + |u| + 1
+  log_ratio       |log_ratio|
+  ratio           r (1 + |lr|)                    (exp turns lr's rounding into r's relative error)
+  kl              kscale
+  per_token_loss  tis_s * (pg_s + |kl_coef| kscale + |entropy_coef entropy|) + |l|, with
+                  pg_s = |A| (r (1 + |lr|) + cr + [dual] c), times |logp| for cispo,
+                  tis_s = min(w, cap) (1 + |old - rollout|) for "truncate", else 1
+  loss            sum_t w_t scale_t over the aggregation's weights w
+  clipfrac 1; approx_kl mean(exp(old - logp) + |old - logp| + 1); ratio_mean mean(r (1 + |lr|));
+  ratio_min / ratio_max max(r (1 + |lr|)), all over the active tokens (0 when none is active).
+Gradient sensitivity (rounding_plus_sensitivity), per active token:
+  policy_loss d logp     (|g_loss w_t| + |g_t|) tis_s (dpg_s + |kl_coef| dkscale), dpg_s = |A| (r (1 + |lr|) + cr)
+                         (the first term only for cispo's cr), dkscale k1: 1, k2: |u|, k3: 1 + exp(u) (1 + |u|)
+  policy_loss d entropy  (|g_loss w_t| + |g_t|) tis_s |entropy_coef|
+  ratio_kl d logp        (|g_lr| + |g_r| r (1 + |lr|)) + |g_kl| dkscale
+Inputs keep a margin of 1e-4 (relative) from the branch edges (clip bounds, dual clip, log-ratio
+clamp, TIS cap), where the gradient jumps and the branch is decided by the last fp32 rounding; the
+contract judges the arithmetic, not those ties.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlk_triton import contracts, errors
+from rlk_triton._runtime import arch_of
+from rlk_triton.losses import AGGREGATIONS, LOSS_TYPES, policy_loss, ratio_kl
+from rlk_triton.reference.losses import (aggregation_weights, policy_loss_grad_reference, policy_loss_reference,
+                                         policy_loss_terms, ratio_kl_grad_reference, ratio_kl_reference)
+from rlk_triton.testing import RowOp, assert_batch_invariant
+
+OP = "rl_losses"
+EPS_LOW, EPS_HIGH, DUAL_C, CLAMP, TIS_CAP, NORMALIZER = 0.2, 0.28, 3.0, 0.3, 1.5, 1000.0
+RATIO_EDGES = (1 - EPS_LOW, 1 + EPS_LOW, 1 + EPS_HIGH, DUAL_C)
+LOG_RATIO_EDGES = (-CLAMP, CLAMP)
+TIS_EDGES = (TIS_CAP,)
+EDGE_MARGIN = 1e-4
+
+
+# ---- inputs ----
+
+def _away_from(x, edges, margin=EDGE_MARGIN):
+    """x (float32) moved by 3 * margin where it lies within margin of an edge (float64 distance)."""
+    x64 = x.astype(np.float64)
+    near = np.zeros(x.shape, bool)
+    for e in edges:
+        near |= np.abs(x64 - e) < margin * max(1.0, abs(e))
+    return np.where(near, x64 + 3 * margin * max(1.0, *map(abs, edges)), x64).astype(np.float32)
+
+
+def make_inputs(B, T, seed=0, *, adv_per_seq=False, empty_rows=(), p_active=0.8, device="cpu"):
+    """fp32 [B, T] inputs shaped like an RL step: log-probs <= 0, old / ref / rollout logp nearby,
+    a few tokens far off (ratios beyond the dual clip), ~p_active of the tokens active."""
+    rng = np.random.default_rng(seed)
+    logp = (-np.abs(rng.standard_normal((B, T))) * 2).astype(np.float32)
+    off = 0.5 * rng.standard_normal((B, T))
+    wild = rng.random((B, T)) < 0.05
+    off = np.where(wild, rng.uniform(-2.0, 2.0, (B, T)), off)
+    old = (logp - off).astype(np.float32)
+    lr = logp.astype(np.float64) - old
+    edges = [math.log(e) for e in RATIO_EDGES] + list(LOG_RATIO_EDGES)
+    old = (logp - _away_from(lr.astype(np.float32), edges)).astype(np.float32)
+    ref = (logp + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
+    roll = (old + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
+    lw = old.astype(np.float64) - roll
+    roll = (old - _away_from(lw.astype(np.float32), [math.log(c) for c in TIS_EDGES])).astype(np.float32)
+    adv = rng.standard_normal((B,) if adv_per_seq else (B, T)).astype(np.float32)
+    entropy = rng.uniform(0.0, 4.0, (B, T)).astype(np.float32)
+    mask = rng.random((B, T)) < p_active
+    mask[list(empty_rows)] = False
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return {"logp": t(logp), "old_logp": t(old), "ref_logp": t(ref), "rollout_logp": t(roll),
+            "advantages": t(adv), "entropy": t(entropy), "mask": t(mask)}
+
+
+def policy_kwargs(inputs, spec):
+    """(kwargs for rlk_triton.losses.policy_loss, kwargs for the float64 reference) of one case.
+
+    spec keys: loss_type, aggregation, normalizer, eps_high, dual_clip_c, kl_coef, kl_estimator,
+    entropy_coef, tis_mode ("truncate" / "mask" / None)."""
+    ours = {"loss_type": spec.get("loss_type", "ppo"), "eps_low": EPS_LOW, "eps_high": spec.get("eps_high"),
+            "dual_clip_c": spec.get("dual_clip_c"), "aggregation": spec.get("aggregation", "token-mean"),
+            "normalizer": spec.get("normalizer")}
+    if spec.get("kl_coef"):
+        ours.update(ref_logp=inputs["ref_logp"], kl_coef=spec["kl_coef"], kl_estimator=spec.get("kl_estimator", "k3"))
+    if spec.get("entropy_coef"):
+        ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
+    if spec.get("tis_mode"):
+        ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
+    ref = {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
+    return ours, ref
+
+
+def _np(x):
+    return x.detach().double().cpu().numpy()
+
+
+# ---- error scales and sensitivities (the contract's definitions; see the module docstring) ----
+
+def _kscale(u, estimator):
+    return {"k1": np.abs(u), "k2": u * u, "k3": np.exp(u) + np.abs(u) + 1.0}[estimator]
+
+
+def _dkscale(u, estimator):
+    return {"k1": np.ones_like(u), "k2": np.abs(u), "k3": 1.0 + np.exp(u) * (1.0 + np.abs(u))}[estimator]
+
+
+def _policy_pieces(x, ref_kw):
+    """Per-token pieces of the scales, float64 [B, T]."""
+    logp, old = x["logp"], x["old_logp"]
+    adv = x["advantages"] if x["advantages"].ndim == 2 else np.broadcast_to(x["advantages"][:, None], logp.shape)
+    lr = logp - old
+    r = np.exp(lr)
+    eps_high = EPS_LOW if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
+    cr = np.clip(r, 1 - EPS_LOW, 1 + eps_high)
+    rr = r * (1 + np.abs(lr))
+    cispo = ref_kw["loss_type"] == "cispo"
+    pg_s = np.abs(adv) * (rr + cr + (ref_kw["dual_clip_c"] or 0.0)) * (np.abs(logp) if cispo else 1.0)
+    dpg_s = np.abs(adv) * (cr if cispo else rr + cr)
+    kl_s = dkl_s = 0.0
+    if ref_kw.get("kl_coef"):
+        u = x["ref_logp"] - logp
+        est = ref_kw.get("kl_estimator", "k3")
+        kl_s = abs(ref_kw["kl_coef"]) * _kscale(u, est)
+        dkl_s = abs(ref_kw["kl_coef"]) * _dkscale(u, est)
+    ent_s = abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
+    tis_s = 1.0
+    if ref_kw.get("tis_mode") == "truncate":
+        lw = old - x["rollout_logp"]
+        tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
+    return {"rr": rr, "pg": pg_s, "dpg": dpg_s, "kl": kl_s, "dkl": dkl_s, "ent": ent_s, "tis": tis_s,
+            "k3_old": np.exp(old - logp) + np.abs(old - logp) + 1.0}
+
+
+def _mean_over(values, active):
+    n = active.sum()
+    return float(values[active].sum() / n) if n else 0.0
+
+
+def policy_forward_scales(x, ref_kw, terms, weights):
+    p = _policy_pieces(x, ref_kw)
+    active = terms["active"]
+    tok = np.where(active, p["tis"] * (p["pg"] + p["kl"] + p["ent"]) + np.abs(terms["loss"]), 0.0)
+    rr_max = float(p["rr"][active].max()) if active.any() else 0.0
+    return {"per_token_loss": tok, "loss": float((weights * tok).sum()),
+            "clipfrac": 1.0 if active.any() else 0.0, "approx_kl": _mean_over(p["k3_old"], active),
+            "ratio_mean": _mean_over(p["rr"], active), "ratio_min": rr_max, "ratio_max": rr_max}
+
+
+def policy_grad_sensitivity(x, ref_kw, terms, weights, grad_loss, grad_tokens):
+    p = _policy_pieces(x, ref_kw)
+    up = np.abs(grad_loss * weights) + (0.0 if grad_tokens is None else np.abs(grad_tokens))
+    active = terms["active"]
+    d_logp = np.where(active, up * p["tis"] * (p["dpg"] + p["dkl"]), 0.0)
+    d_ent = np.where(active, up * p["tis"] * abs(ref_kw.get("entropy_coef", 0.0)), 0.0)
+    return d_logp, d_ent
+
+
+def ratio_kl_scales(x, estimator, clamp, ref_out):
+    lr, r = ref_out[0], ref_out[1]
+    s = {"log_ratio": np.abs(lr), "ratio": r * (1 + np.abs(lr))}
+    if ref_out[2] is not None:
+        s["kl"] = _kscale(x["ref_logp"] - x["logp"], estimator)
+    return s
+
+
+def ratio_kl_grad_sensitivity(x, estimator, clamp, g_lr, g_r, g_kl):
+    lr = x["logp"] - x["old_logp"]
+    if clamp is not None:
+        lr = np.clip(lr, -clamp, clamp)
+    s = np.abs(g_lr) + np.abs(g_r) * np.exp(lr) * (1 + np.abs(lr))
+    if g_kl is not None:
+        s = s + np.abs(g_kl) * _dkscale(x["ref_logp"] - x["logp"], estimator)
+    return s
+
+
+# ---- running and judging a case ----
+
+def run_policy(inputs, spec, grad_loss=1.3, token_grad_seed=None):
+    """Ours and the reference, values and gradients: (ours, ref, kw64, terms, weights, g_tok)."""
+    ours_kw, ref_kw = policy_kwargs(inputs, spec)
+    logp = inputs["logp"].detach().clone().requires_grad_(True)
+    if "entropy" in ours_kw:
+        ours_kw["entropy"] = ours_kw["entropy"].detach().clone().requires_grad_(True)
+    loss, per_token, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                                        **ours_kw)
+    g_tok = None
+    total = loss * grad_loss
+    if token_grad_seed is not None:
+        g_tok = torch.randn(per_token.shape, generator=torch.Generator().manual_seed(token_grad_seed))
+        total = total + (per_token * g_tok.to(per_token.device)).sum()
+    total.backward()
+    ours = {"loss": loss.detach(), "per_token_loss": per_token.detach(), **diag, "d_logp": logp.grad,
+            "d_entropy": ours_kw["entropy"].grad if "entropy" in ours_kw else None}
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].cpu().numpy()
+    r_loss, r_tok, r_diag = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"], mask, **ref_kw)
+    g_tok64 = None if g_tok is None else g_tok.double().numpy()
+    r_dlogp, r_dent = policy_loss_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, grad_loss,
+                                                 g_tok64, **ref_kw)
+    ref = {"loss": r_loss, "per_token_loss": r_tok, **r_diag, "d_logp": r_dlogp, "d_entropy": r_dent}
+    core = {k: v for k, v in ref_kw.items() if k not in ("aggregation", "normalizer")}
+    terms = policy_loss_terms(x["logp"], x["old_logp"], x["advantages"], mask, **core)
+    weights = aggregation_weights(terms["active"], ref_kw["aggregation"], ref_kw["normalizer"])
+    return ours, ref, (x, ref_kw, terms, weights, grad_loss, g_tok64)
+
+
+def judge_policy(inputs, spec, device, grad_loss=1.3, token_grad_seed=1):
+    """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
+    arch = arch_of(torch.device(device))
+    ours, ref, (x, ref_kw, terms, weights, g, g_tok) = run_policy(inputs, spec, grad_loss, token_grad_seed)
+    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
+    scales = policy_forward_scales(x, ref_kw, terms, weights)
+    out = {name: contracts.scaled_abs_ratio(_np(ours[name]), ref[name], scales[name], fwd[name])
+           for name in scales}
+    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
+    s_logp, s_ent = policy_grad_sensitivity(x, ref_kw, terms, weights, g, g_tok)
+    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_logp"]), ref["d_logp"], s_logp, bound)
+    if ours["d_entropy"] is not None:
+        out["d_entropy"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_entropy"]), ref["d_entropy"],
+                                                                     s_ent, bound)
+    return out
+
+
+def judge_ratio_kl(inputs, device, *, with_ref=True, use_mask=True, estimator="k3", clamp=None, seed=2):
+    arch = arch_of(torch.device(device))
+    logp = inputs["logp"].detach().clone().requires_grad_(True)
+    ref_t = inputs["ref_logp"] if with_ref else None
+    mask = inputs["mask"] if use_mask else None
+    outs = ratio_kl(logp, inputs["old_logp"], ref_t, mask=mask, kl_estimator=estimator, log_ratio_clamp=clamp)
+    gen = torch.Generator().manual_seed(seed)
+    ups = [torch.randn(logp.shape, generator=gen) for _ in range(3)]
+    total = sum((o * u.to(o.device)).sum() for o, u in zip(outs, ups) if o is not None)
+    total.backward()
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    m = None if mask is None else mask.cpu().numpy()
+    ref_out = ratio_kl_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, estimator, clamp)
+    g = [u.double().numpy() for u in ups]
+    ref_grad = ratio_kl_grad_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, g[0], g[1],
+                                       g[2] if with_ref else None, estimator, clamp)
+    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
+    scales = ratio_kl_scales(x, estimator, clamp, ref_out)
+    out = {name: contracts.scaled_abs_ratio(_np(o), r, scales[name], fwd[name])
+           for name, o, r in zip(("log_ratio", "ratio", "kl"), outs, ref_out) if o is not None}
+    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
+    sens = ratio_kl_grad_sensitivity(x, estimator, clamp, g[0], g[1], g[2] if with_ref else None)
+    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(logp.grad), ref_grad, sens, bound)
+    return out
+
+
+def _assert_within(ratios, label):
+    assert all(r <= 1.0 for r in ratios.values()), f"{label}: error / contract bound {ratios}"
+
+
+# ---- parity ----
+
+def _norm_for(aggregation):
+    return 37.0 if aggregation == "seq-mean-token-sum-norm" else None
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("kl", (False, True))
+def test_policy_loss_within_contract(loss_type, aggregation, kl, device):
+    inputs = make_inputs(5, 40, seed=LOSS_TYPES.index(loss_type) * 10 + len(aggregation), empty_rows=(2,),
+                         device=device)
+    spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
+            "eps_high": EPS_HIGH if loss_type == "dapo" else None, "kl_coef": 0.1 if kl else 0.0}
+    _assert_within(judge_policy(inputs, spec, device), spec)
+
+
+FEATURES = {
+    "entropy": {"entropy_coef": 0.01},
+    "tis_truncate": {"tis_mode": "truncate"},
+    "tis_mask": {"tis_mode": "mask"},
+    "dual_clip": {"dual_clip_c": DUAL_C},
+    "kl_k1": {"kl_coef": 0.05, "kl_estimator": "k1"},
+    "kl_k2": {"kl_coef": 0.05, "kl_estimator": "k2"},
+    "no_upper_clip": {"eps_high": float("inf")},
+    "everything": {"entropy_coef": 0.01, "tis_mode": "truncate", "dual_clip_c": DUAL_C, "kl_coef": 0.1,
+                   "eps_high": EPS_HIGH},
+}
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_policy_loss_features_within_contract(feature, aggregation, device):
+    inputs = make_inputs(4, 33, seed=len(feature) + 100 * len(aggregation), empty_rows=(1,), device=device)
+    loss_type = "cispo" if feature == "entropy" else "ppo"
+    spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
+            **FEATURES[feature]}
+    ratios = judge_policy(inputs, spec, device)
+    _assert_within(ratios, spec)
+    assert ("d_entropy" in ratios) == ("entropy_coef" in spec)
+
+
+@pytest.mark.parametrize("case", ("per_seq_advantages", "multi_tile", "scalar_grad_only", "cispo_everything"))
+def test_policy_loss_variants_within_contract(case, device):
+    B, T = (3, 600) if case == "multi_tile" else (4, 33)
+    inputs = make_inputs(B, T, seed=7, adv_per_seq=case == "per_seq_advantages", empty_rows=(1,), device=device)
+    spec = {"loss_type": "grpo", "aggregation": "seq-mean-token-mean", **FEATURES["everything"]}
+    if case == "cispo_everything":
+        spec.update(loss_type="cispo", dual_clip_c=None, tis_mode="mask")
+    seed = None if case == "scalar_grad_only" else 3
+    _assert_within(judge_policy(inputs, spec, device, token_grad_seed=seed), case)
+
+
+@pytest.mark.parametrize("normalizer", (57, 57.0), ids=("int64", "float64"))
+def test_normalizer_tensor_equals_the_number(normalizer, device):
+    """A device tensor (read on the device, no host sync) and the Python number give the same bits."""
+    inputs = make_inputs(3, 20, seed=13, device=device)
+    spec = {"aggregation": "token-mean", **FEATURES["everything"]}
+    a = run_policy(inputs, dict(spec, normalizer=57.0), token_grad_seed=None)[0]
+    b = run_policy(inputs, dict(spec, normalizer=torch.tensor(normalizer, device=device)), token_grad_seed=None)[0]
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@pytest.mark.parametrize("estimator", ("k1", "k2", "k3"))
+@pytest.mark.parametrize("clamp", (None, CLAMP))
+@pytest.mark.parametrize("with_ref,use_mask", ((True, True), (False, True), (True, False)))
+def test_ratio_kl_within_contract(estimator, clamp, with_ref, use_mask, device):
+    inputs = make_inputs(4, 45, seed=len(estimator) + (clamp is None), empty_rows=(3,), device=device)
+    _assert_within(judge_ratio_kl(inputs, device, with_ref=with_ref, use_mask=use_mask, estimator=estimator,
+                                  clamp=clamp), (estimator, clamp, with_ref, use_mask))
+
+
+def test_ratio_kl_masked_and_clamped_tokens(device):
+    inputs = make_inputs(3, 20, seed=5, device=device)
+    args = (inputs["old_logp"], inputs["ref_logp"])
+    logp = inputs["logp"].clone().requires_grad_(True)
+    lr, r, kl = ratio_kl(logp, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP)
+    (lr + r + kl).sum().backward()
+    off = ~inputs["mask"]
+    assert (lr[off] == 0).all() and (r[off] == 0).all() and (kl[off] == 0).all() and (logp.grad[off] == 0).all()
+    assert lr.abs().max() <= CLAMP
+    clamped = inputs["mask"] & ((inputs["logp"] - inputs["old_logp"]).abs() > CLAMP)
+    assert clamped.any()
+    # beyond the clamp log_ratio and ratio pass no gradient: only kl's is left, bit for bit
+    logp_kl = inputs["logp"].clone().requires_grad_(True)
+    ratio_kl(logp_kl, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP)[2].sum().backward()
+    assert torch.equal(logp.grad[clamped], logp_kl.grad[clamped])
+
+
+# ---- the references' gradients, by finite differences in float64 ----
+
+def _fd_check(f, x, analytic, h=1e-6):
+    """Central differences of scalar f at every element of x vs analytic, in float64.
+
+    The bound is the finite-difference error itself, not a contract: h^2 |f'''| / 6 (|f'''| < 100 for
+    these inputs: ratios < e^2, |A| < 5, weights <= 1) plus the float64 rounding of f, 4 eps |f| / h.
+    """
+    num = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += h
+        xm[i] -= h
+        num[i] = (f(xp) - f(xm)) / (2 * h)
+    bound = h * h * 100 / 6 + 4 * np.finfo(np.float64).eps * (1 + abs(f(x))) / h
+    assert np.abs(num - analytic).max() <= bound, (np.abs(num - analytic).max(), bound)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("loss_type", ("ppo", "cispo"))
+def test_reference_gradients_by_finite_differences(loss_type, aggregation):
+    inputs = make_inputs(3, 8, seed=11, empty_rows=(1,))
+    spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
+            **FEATURES["everything"]}
+    if loss_type == "cispo":
+        spec["dual_clip_c"] = None
+    _, kw = policy_kwargs(inputs, spec)
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].numpy()
+    g_tok = np.random.default_rng(0).standard_normal(mask.shape)
+
+    def objective(logp=None, entropy=None):
+        k = dict(kw, entropy=kw["entropy"] if entropy is None else entropy)
+        old = x["old_logp"]
+        if logp is not None and loss_type == "cispo":
+            # cispo's stop-gradient on the clipped ratio: move old and rollout logp along with logp, which
+            # holds the ratio (and the TIS weight) fixed while logp's own factor changes
+            old = old + (logp - x["logp"])
+            k["rollout_logp"] = kw["rollout_logp"] + (logp - x["logp"])
+        loss, tok, _ = policy_loss_reference(x["logp"] if logp is None else logp, old, x["advantages"], mask, **k)
+        return 0.7 * loss + (g_tok * tok).sum()
+
+    d_logp, d_ent = policy_loss_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, 0.7, g_tok, **kw)
+    _fd_check(lambda v: objective(logp=v), x["logp"], d_logp)
+    _fd_check(lambda v: objective(entropy=v), x["entropy"], d_ent)
+
+
+@pytest.mark.parametrize("estimator", ("k1", "k2", "k3"))
+def test_ratio_kl_reference_gradient_by_finite_differences(estimator):
+    inputs = make_inputs(3, 8, seed=12)
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].numpy()
+    g = np.random.default_rng(1).standard_normal((3,) + mask.shape)
+
+    def objective(logp):
+        lr, r, kl = ratio_kl_reference(logp, x["old_logp"], x["ref_logp"], mask, estimator, CLAMP)
+        return (g[0] * lr + g[1] * r + g[2] * kl).sum()
+
+    analytic = ratio_kl_grad_reference(x["logp"], x["old_logp"], x["ref_logp"], mask, g[0], g[1], g[2], estimator,
+                                       CLAMP)
+    _fd_check(objective, x["logp"], analytic)
+
+
+# ---- empty sequences, fully masked batches ----
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("normalizer", (None, 64.0))
+def test_fully_masked_batch_gives_zero_loss_and_no_nan(aggregation, normalizer, device):
+    if aggregation == "seq-mean-token-sum-norm" and normalizer is None:
+        normalizer = 64.0
+    inputs = make_inputs(3, 17, seed=4, p_active=0.0, device=device)
+    inputs["logp"][0, :3] = float("-inf")  # padding may hold anything: it must not leak
+    inputs["old_logp"][1, :3] = float("nan")
+    logp = inputs["logp"].clone().requires_grad_(True)
+    ent = inputs["entropy"].clone().requires_grad_(True)
+    loss, tok, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                                  aggregation=aggregation, normalizer=normalizer, ref_logp=inputs["ref_logp"],
+                                  kl_coef=0.1, entropy=ent, entropy_coef=0.01, rollout_logp=inputs["rollout_logp"],
+                                  tis_cap=TIS_CAP)
+    (loss + tok.sum()).backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(tok) == 0
+    assert all(v.item() == 0.0 for v in diag.values())
+    assert torch.count_nonzero(logp.grad) == 0 and torch.count_nonzero(ent.grad) == 0
+
+
+@pytest.mark.parametrize("shape", ((0, 5), (3, 0)))
+def test_empty_shapes(shape, device):
+    x = torch.zeros(shape, device=device, requires_grad=True)
+    mask = torch.ones(shape, dtype=torch.bool, device=device)
+    loss, tok, diag = policy_loss(x, x.detach(), x.detach(), mask=mask, aggregation="seq-mean-token-mean")
+    loss.backward()
+    assert loss.item() == 0.0 and tok.shape == shape and x.grad.shape == shape
+    assert all(v.item() == 0.0 for v in diag.values())
+    lr, r, kl = ratio_kl(x, x.detach(), x.detach())
+    assert lr.shape == r.shape == kl.shape == shape
+
+
+@pytest.mark.parametrize("aggregation", ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean"))
+def test_empty_sequences_do_not_count(aggregation, device):
+    """The loss of a batch with empty rows is the loss of its other rows (judged by the contract)."""
+    inputs = make_inputs(4, 12, seed=9, empty_rows=(0, 2), device=device)
+    loss, tok, _ = policy_loss(inputs["logp"], inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                               aggregation=aggregation)
+    assert (tok[[0, 2]] == 0).all()
+    keep = {k: v[[1, 3]] for k, v in inputs.items()}
+    ours, ref, (x, kw, terms, weights, _, _) = run_policy(keep, {"aggregation": aggregation})
+    bound = contracts.judgment(OP, torch.float32, "forward_accuracy", arch_of(torch.device(device)))["outputs"]
+    scale = policy_forward_scales(x, kw, terms, weights)["loss"]
+    assert contracts.scaled_abs_ratio(_np(loss), ref["loss"], scale, bound["loss"]) <= 1.0
+
+
+def test_tis_mask_drops_tokens_like_the_mask(device):
+    inputs = make_inputs(3, 40, seed=6, device=device)
+    w = torch.exp(inputs["old_logp"] - inputs["rollout_logp"])
+    args = (inputs["logp"], inputs["old_logp"], inputs["advantages"])
+    a = policy_loss(*args, mask=inputs["mask"], rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP,
+                    tis_mode="mask", aggregation="seq-mean-token-mean")
+    b = policy_loss(*args, mask=inputs["mask"] & (w <= TIS_CAP), aggregation="seq-mean-token-mean")
+    assert ((w > TIS_CAP) & inputs["mask"]).any()
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+def test_float_and_int_masks_equal_bool(device):
+    inputs = make_inputs(3, 20, seed=8, device=device)
+    args = (inputs["logp"], inputs["old_logp"], inputs["advantages"])
+    base = policy_loss(*args, mask=inputs["mask"])
+    for m in (inputs["mask"].float(), inputs["mask"].to(torch.int64)):
+        other = policy_loss(*args, mask=m)
+        assert torch.equal(base[0], other[0]) and torch.equal(base[1], other[1])
+
+
+# ---- bitwise batch invariance ----
+
+def _policy_row_op(T, device, aggregation="token-mean", adv_per_seq=False):
+    spec = {"loss_type": "ppo", "aggregation": aggregation, "normalizer": NORMALIZER, **FEATURES["everything"]}
+
+    def make_rows(n, gen):
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        x = make_inputs(n, T, seed=seed, adv_per_seq=adv_per_seq, device=device)
+        return (x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], x["entropy"], x["rollout_logp"])
+
+    def forward(logp, old, adv, mask, ref, ent, roll):
+        x = {"ref_logp": ref, "entropy": ent, "rollout_logp": roll}
+        kw, _ = policy_kwargs(x, spec)
+        kw["entropy"] = ent
+        return (policy_loss(logp, old, adv, mask=mask, **kw)[1],)
+
+    return RowOp(f"policy_loss[T={T},{aggregation}]", forward, make_rows, grad_inputs=(0, 5))
+
+
+def _ratio_kl_row_op(T, device, clamp=CLAMP):
+    def make_rows(n, gen):
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        x = make_inputs(n, T, seed=seed, device=device)
+        return x["logp"], x["old_logp"], x["ref_logp"], x["mask"]
+
+    def forward(logp, old, ref, mask):
+        return ratio_kl(logp, old, ref, mask=mask, log_ratio_clamp=clamp)
+
+    return RowOp(f"ratio_kl[T={T}]", forward, make_rows, grad_inputs=(0,))
+
+
+@pytest.mark.parametrize("adv_per_seq", (False, True))
+def test_policy_loss_per_token_batch_invariant(adv_per_seq, device):
+    assert_batch_invariant(_policy_row_op(30, device, adv_per_seq=adv_per_seq), probe_rows=2, batch_sizes=(3, 7))
+
+
+def test_ratio_kl_batch_invariant(device):
+    assert_batch_invariant(_ratio_kl_row_op(30, device), probe_rows=2, batch_sizes=(3, 7))
+
+
+def _probe_grads(inputs, positions, spec):
+    """d logp (and d entropy) of the rows at `positions` from loss.backward() alone."""
+    kw, _ = policy_kwargs(inputs, spec)
+    logp = inputs["logp"].clone().requires_grad_(True)
+    kw["entropy"] = kw["entropy"].clone().requires_grad_(True)
+    loss, _, _ = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"], **kw)
+    loss.backward()
+    return logp.grad[positions], kw["entropy"].grad[positions]
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_scalar_loss_gradient_batch_invariant_with_a_normalizer(aggregation, device):
+    """With the normalizer given, d loss / d logp of a row depends on that row alone, for every aggregation."""
+    spec = {"aggregation": aggregation, "normalizer": NORMALIZER, **FEATURES["everything"]}
+    probe = make_inputs(2, 30, seed=21, device=device)
+    base = _probe_grads(probe, torch.arange(2), spec)
+    for n, seed, where in ((5, 1, (0, 1)), (9, 2, (3, 8)), (9, 3, (8, 0)), (4, 4, (2, 3))):
+        batch = make_inputs(n, 30, seed=seed, device=device)
+        pos = torch.tensor(where)
+        for k in batch:
+            batch[k][pos] = probe[k]
+        got = _probe_grads(batch, pos, spec)
+        assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]), (n, where)
+
+
+def test_padding_tokens_and_empty_rows_change_nothing(device):
+    """Padding T with masked tokens (across a tile edge) and appending empty rows give the same bits,
+    scalar loss and diagnostics included: every block size is fixed, and padding adds exact zeros."""
+    spec = {"aggregation": "seq-mean-token-mean", **FEATURES["everything"]}
+    x = make_inputs(3, 40, seed=31, device=device)
+    wide = make_inputs(5, 300, seed=32, p_active=0.0, device=device)
+    for k in x:
+        wide[k][:3, :40] = x[k]
+    a = run_policy(x, spec, token_grad_seed=None)[0]
+    b = run_policy(wide, spec, token_grad_seed=None)[0]
+    assert torch.equal(a["loss"], b["loss"])
+    for name in ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max"):
+        assert torch.equal(a[name], b[name]), name
+    for name in ("per_token_loss", "d_logp", "d_entropy"):
+        assert torch.equal(a[name], b[name][:3, :40]) and torch.count_nonzero(b[name][3:]) == 0, name
+
+
+# ---- errors ----
+
+def _valid(device):
+    x = make_inputs(2, 6, seed=0, device=device)
+    return x, (x["logp"], x["old_logp"], x["advantages"])
+
+
+@pytest.mark.parametrize("change,error,argument", [
+    (lambda a, k, x: a.__setitem__(0, a[0].double()), errors.DTypeError, "logp"),
+    (lambda a, k, x: a.__setitem__(0, a[0].to(torch.bfloat16)), errors.DTypeError, "logp"),
+    (lambda a, k, x: a.__setitem__(0, a[0][0]), errors.ShapeError, "logp"),
+    (lambda a, k, x: a.__setitem__(1, a[1].to(torch.int64)), errors.DTypeError, "old_logp"),
+    (lambda a, k, x: a.__setitem__(1, a[1][:, :3]), errors.ShapeError, "old_logp"),
+    (lambda a, k, x: a.__setitem__(2, a[2][:, :3]), errors.ShapeError, "advantages"),
+    (lambda a, k, x: a.__setitem__(2, a[2].half()), errors.DTypeError, "advantages"),
+    (lambda a, k, x: k.update(mask=x["mask"][:1]), errors.ShapeError, "mask"),
+    (lambda a, k, x: k.update(mask=[[1]]), errors.DTypeError, "mask"),
+    (lambda a, k, x: k.update(loss_type="trpo"), errors.InputError, "loss_type"),
+    (lambda a, k, x: k.update(aggregation="mean"), errors.InputError, "aggregation"),
+    (lambda a, k, x: k.update(ref_logp=x["ref_logp"], kl_coef=0.1, kl_estimator="k4"), errors.InputError,
+     "kl_estimator"),
+    (lambda a, k, x: k.update(kl_coef=0.1), errors.InputError, "ref_logp"),
+    (lambda a, k, x: k.update(entropy_coef=0.1), errors.InputError, "entropy"),
+    (lambda a, k, x: k.update(entropy=x["entropy"][:, :2], entropy_coef=0.1), errors.ShapeError, "entropy"),
+    (lambda a, k, x: k.update(eps_low=-0.1), errors.InputError, "eps_low"),
+    (lambda a, k, x: k.update(eps_low=float("nan")), errors.InputError, "eps_low"),
+    (lambda a, k, x: k.update(eps_high=-1.0), errors.InputError, "eps_high"),
+    (lambda a, k, x: k.update(eps_low="0.2"), errors.InputError, "eps_low"),
+    (lambda a, k, x: k.update(dual_clip_c=0.9), errors.InputError, "dual_clip_c"),
+    (lambda a, k, x: k.update(aggregation="seq-mean-token-sum-norm"), errors.InputError, "normalizer"),
+    (lambda a, k, x: k.update(normalizer=0.0), errors.InputError, "normalizer"),
+    (lambda a, k, x: k.update(normalizer=torch.ones(2)), errors.ShapeError, "normalizer"),
+    (lambda a, k, x: k.update(rollout_logp=x["rollout_logp"], tis_cap=0.0), errors.InputError, "tis_cap"),
+    (lambda a, k, x: k.update(rollout_logp=x["rollout_logp"], tis_cap=-1.0), errors.InputError, "tis_cap"),
+    (lambda a, k, x: k.update(rollout_logp=x["rollout_logp"]), errors.InputError, "tis_cap"),
+    (lambda a, k, x: k.update(tis_cap=2.0), errors.InputError, "rollout_logp"),
+    (lambda a, k, x: k.update(rollout_logp=x["rollout_logp"], tis_cap=2.0, tis_mode="clip"), errors.InputError,
+     "tis_mode"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_policy_loss_typed_errors(change, error, argument, device):
+    x, args = _valid(device)
+    args, kw = list(args), {"mask": x["mask"]}
+    policy_loss(*args, **kw)  # the valid call works
+    change(args, kw, x)
+    with pytest.raises(error) as e:
+        policy_loss(*args, **kw)
+    assert e.value.argument == argument
+
+
+@pytest.mark.parametrize("kw,error,argument", [
+    ({"kl_estimator": "k0"}, errors.InputError, "kl_estimator"),
+    ({"log_ratio_clamp": 0.0}, errors.InputError, "log_ratio_clamp"),
+    ({"mask": torch.ones(3, 6)}, errors.ShapeError, "mask"),
+])
+def test_ratio_kl_typed_errors(kw, error, argument, device):
+    x, _ = _valid(device)
+    kw = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    with pytest.raises(error) as e:
+        ratio_kl(x["logp"], x["old_logp"], x["ref_logp"], **kw)
+    assert e.value.argument == argument
+    with pytest.raises(errors.ShapeError) as e:
+        ratio_kl(x["logp"], x["old_logp"], x["ref_logp"][:1])
+    assert e.value.argument == "ref_logp"
+
+
+def test_device_errors(device):
+    x, args = _valid(device)
+    if device == "cuda":
+        with pytest.raises(errors.DeviceError) as e:
+            policy_loss(args[0], args[1].cpu(), args[2], mask=x["mask"])
+        assert e.value.argument == "old_logp"
+        with pytest.raises(errors.DeviceError) as e:
+            policy_loss(*args, mask=x["mask"], normalizer=torch.tensor(3.0))
+        assert e.value.argument == "normalizer"
+    with pytest.raises(errors.DeviceError) as e:
+        policy_loss(*args, mask=x["mask"].to("meta"))
+    assert e.value.argument == "mask"
+    with pytest.raises(errors.DeviceError) as e:
+        ratio_kl(args[0].to("meta"), args[1].to("meta"))
+    assert e.value.argument == "logp"
+
+
+def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
+    import rlk_triton.losses as losses
+
+    monkeypatch.setattr(losses, "_INTERPRETED", False)
+    x = torch.zeros(2, 3)
+    with pytest.raises(errors.DeviceError) as e:
+        losses.policy_loss(x, x, x, mask=x)
+    assert e.value.argument == "logp" and "TRITON_INTERPRET" in str(e.value)
+
+
+# ---- torch.compile ----
+
+def test_under_torch_compile(device):
+    inputs = make_inputs(3, 24, seed=41, device=device)
+    spec = {"loss_type": "dapo", "aggregation": "seq-mean-token-mean", "eps_high": EPS_HIGH,
+            **FEATURES["everything"]}
+    kw, _ = policy_kwargs(inputs, spec)
+
+    def f(logp, ent):
+        loss, tok, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                                      **dict(kw, entropy=ent))
+        lr, r, kl = ratio_kl(logp, inputs["old_logp"], inputs["ref_logp"], mask=inputs["mask"], log_ratio_clamp=CLAMP)
+        return loss + 0.1 * tok.sum() + (r * kl).sum() + diag["clipfrac"]
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    la, ea = inputs["logp"].clone().requires_grad_(True), inputs["entropy"].clone().requires_grad_(True)
+    lb, eb = inputs["logp"].clone().requires_grad_(True), inputs["entropy"].clone().requires_grad_(True)
+    ya, yb = f(la, ea), compiled(lb, eb)
+    ya.backward()
+    yb.backward()
+    assert torch.equal(ya, yb) and torch.equal(la.grad, lb.grad) and torch.equal(ea.grad, eb.grad)
+
+
+# ---- heavier under the interpreter ----
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_policy_loss_within_contract_long_rows(aggregation, device):
+    inputs = make_inputs(16, 2000, seed=61, empty_rows=(3,), adv_per_seq=aggregation == "token-mean", device=device)
+    spec = {"loss_type": "dapo", "aggregation": aggregation, "normalizer": _norm_for(aggregation),
+            **FEATURES["everything"]}
+    _assert_within(judge_policy(inputs, spec, device), spec)
+
+
+@pytest.mark.slow
+def test_batch_invariant_long_rows(device):
+    assert_batch_invariant(_policy_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
+    assert_batch_invariant(_ratio_kl_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
+
+
+# ---- on the GPU: the same checks at [64 x 8192] ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("loss_type", ("ppo", "cispo"))
+def test_policy_loss_within_contract_gpu(loss_type, aggregation):
+    inputs = make_inputs(64, 8192, seed=51, empty_rows=(5, 63), device="cuda")
+    spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
+            **FEATURES["everything"]}
+    if loss_type == "cispo":
+        spec.update(dual_clip_c=None, tis_mode="mask")
+    _assert_within(judge_policy(inputs, spec, "cuda"), spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("estimator", ("k1", "k2", "k3"))
+def test_ratio_kl_within_contract_gpu(estimator):
+    inputs = make_inputs(64, 8192, seed=52, empty_rows=(7,), device="cuda")
+    _assert_within(judge_ratio_kl(inputs, "cuda", estimator=estimator, clamp=CLAMP), estimator)
+
+
+@pytest.mark.gpu
+def test_batch_invariant_gpu():
+    assert_batch_invariant(_policy_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
+    assert_batch_invariant(_ratio_kl_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
+    spec = {"aggregation": "seq-mean-token-mean", "normalizer": NORMALIZER, **FEATURES["everything"]}
+    probe = make_inputs(4, 8192, seed=53, device="cuda")
+    base = _probe_grads(probe, torch.arange(4), spec)
+    batch = make_inputs(64, 8192, seed=54, device="cuda")
+    pos = torch.tensor([0, 17, 40, 63])
+    for k in batch:
+        batch[k][pos] = probe[k]
+    got = _probe_grads(batch, pos, spec)
+    assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
