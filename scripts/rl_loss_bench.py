@@ -1,0 +1,39 @@
+"""Policy-loss rows of scripts/gpu_bench_rl.py: PPO (dual clip, k3 KL, TIS) fwd+bwd vs eager torch."""
+import torch
+
+
+def eager_ppo(logp, old, ref, adv, mask, rollout, eps=0.2, c=3.0, kl_coef=0.01, cap=2.0):
+    r = torch.exp(logp - old)
+    pg = torch.maximum(-adv * r, -adv * torch.clamp(r, 1 - eps, 1 + eps))
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * c), pg)
+    d = ref - logp
+    kl = torch.exp(d) - d - 1
+    w = torch.clamp(torch.exp(old - rollout), max=cap)
+    tok = w * (pg + kl_coef * kl)
+    return (tok * mask).sum() / mask.sum()
+
+
+def run(add, B, T):
+    from rlk_triton.losses import policy_loss
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    old = -torch.rand(B, T, device="cuda", generator=g) * 3
+    logp = (old + 0.05 * torch.randn(B, T, device="cuda", generator=g)).requires_grad_(True)
+    ref = old + 0.05 * torch.randn(B, T, device="cuda", generator=g)
+    rollout = old + 0.01 * torch.randn(B, T, device="cuda", generator=g)
+    adv = torch.randn(B, T, device="cuda", generator=g)
+    mask = (torch.rand(B, T, device="cuda", generator=g) < 0.9).float()
+
+    def eager_step():
+        return torch.autograd.grad(eager_ppo(logp, old, ref, adv, mask, rollout), logp)[0]
+
+    def ours_step():
+        loss, _, _ = policy_loss(logp, old, adv, mask=mask.bool(), dual_clip_c=3.0, ref_logp=ref, kl_coef=0.01,
+                                 rollout_logp=rollout, tis_cap=2.0)
+        return torch.autograd.grad(loss, logp)[0]
+
+    e = add("eager torch PPO+KL+TIS loss fwd+bwd [64 x 8192]", eager_step)
+    add("rlk policy_loss PPO+KL+TIS fwd+bwd [64 x 8192]", ours_step, e)
+    compiled = torch.compile(eager_ppo)
+    add("torch.compile PPO+KL+TIS loss fwd+bwd [64 x 8192]",
+        lambda: torch.autograd.grad(compiled(logp, old, ref, adv, mask, rollout), logp)[0], e)
