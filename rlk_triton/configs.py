@@ -56,6 +56,18 @@ def _rows():
             t[(kernel, "interpreter", dt, "v<=1024")] = LaunchConfig(1024, 4, 1)
             t[(kernel, "interpreter", dt, "v<=8192")] = LaunchConfig(8192, 4, 1)
             t[(kernel, "interpreter", dt, "v>8192")] = LaunchConfig(16384, 4, 1)
+    # Per-token RL kernels over fp32 [B, T] (block_v = the tile of the dim a program streams: tokens
+    # of a row, rows of the batch, members of a group). One bucket: they never depend on B or T.
+    # The "cuda" rows are untuned defaults; the interpreter rows keep tests cheap.
+    rl = {  # kernel: (cuda block, cuda warps, interpreter block, interpreter warps)
+        "rl_ratio_kl_fwd": (1024, 4, 256, 4), "rl_ratio_kl_bwd": (1024, 4, 256, 4),
+        "rl_policy_loss_rows": (1024, 4, 256, 4), "rl_policy_loss_batch": (1024, 4, 64, 4),
+        "rl_policy_loss_bwd": (1024, 4, 256, 4),
+        "gae": (1024, 4, 512, 1), "group_stats": (256, 2, 1024, 1),
+    }
+    for kernel, (cb, cw, ib, iw) in rl.items():
+        t[(kernel, "cuda", "float32", "any")] = LaunchConfig(cb, cw, 1)
+        t[(kernel, "interpreter", "float32", "any")] = LaunchConfig(ib, iw, 1)
     return t
 
 
@@ -69,9 +81,10 @@ def v_bucket(V: int) -> str:
     raise AssertionError("unreachable: the last bucket is open")
 
 
-def table_arch(arch: str) -> str:
-    """The table's arch key for a runtime arch: its own rows if it has them, else the generic CUDA rows."""
-    if any(k[1] == arch for k in LOCKED_CONFIGS):
+def table_arch(arch: str, kernel: str | None = None) -> str:
+    """The table's arch key for a runtime arch: its own rows (for that kernel) if it has them, else
+    the generic CUDA rows."""
+    if any(k[1] == arch and (kernel is None or k[0] == kernel) for k in LOCKED_CONFIGS):
         return arch
     if arch.startswith("sm"):
         return "cuda"
@@ -81,7 +94,16 @@ def table_arch(arch: str) -> str:
 def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
     """The locked config of a launch. Raises KeyError for a combination the table does not hold."""
     dt = str(dtype).removeprefix("torch.")
-    key = (kernel, table_arch(arch), dt, v_bucket(V))
+    key = (kernel, table_arch(arch, kernel), dt, v_bucket(V))
+    try:
+        return LOCKED_CONFIGS[key]
+    except KeyError:
+        raise KeyError(f"no locked config for {key}") from None
+
+
+def lookup_fixed(kernel: str, arch: str) -> LaunchConfig:
+    """The locked config of an fp32 per-token kernel with a single shape bucket."""
+    key = (kernel, table_arch(arch, kernel), "float32", "any")
     try:
         return LOCKED_CONFIGS[key]
     except KeyError:

@@ -42,3 +42,12 @@ def test_fingerprint_names_table_triton_and_arch(monkeypatch):
     key = next(iter(configs.LOCKED_CONFIGS))
     monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(64, 1, 1))
     assert configs.fingerprint("sm90") != a
+
+
+def test_per_token_rl_kernels_have_one_bucket_on_every_arch():
+    kernels = {k for (k, _, _, b) in configs.LOCKED_CONFIGS if b == "any"}
+    assert {"gae", "group_stats", "rl_policy_loss_rows", "rl_ratio_kl_fwd"} <= kernels
+    for kernel in kernels:
+        for arch in ("interpreter", "sm90", "sm80"):
+            assert configs.lookup_fixed(kernel, arch).block_v > 0
+    assert list(inspect.signature(configs.lookup_fixed).parameters) == ["kernel", "arch"]

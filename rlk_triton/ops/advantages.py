@@ -20,15 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-# (kernel, arch class) -> (block, num_warps). Never depends on the batch size.
-LOCKED = {
-    ("gae", "cuda"): (1024, 4), ("gae", "interpreter"): (512, 1),
-    ("group_stats", "cuda"): (256, 2), ("group_stats", "interpreter"): (1024, 1),
-}
-
+from .. import configs
+from .._runtime import arch_of
 
 def _locked(kernel: str, device: torch.device):
-    return LOCKED[(kernel, "interpreter" if device.type == "cpu" else "cuda")]
+    """(block, num_warps) from the locked table (rlk_triton/configs.py); never depends on B or T."""
+    cfg = configs.lookup_fixed(kernel, arch_of(device))
+    return cfg.block_v, cfg.num_warps
 
 
 @triton.jit

@@ -12,7 +12,7 @@ policy_loss: three kernels, no atomics:
      diagnostics, and each row's weight d loss / d l_t (the same for every token of a row).
   3. _policy_loss_bwd_kernel: elementwise per (row, tile): d logp = (g_loss * row_weight + g_token) * dl/dlogp.
 The per-token math is one @triton.jit function (_policy_token) that the forward and backward both call,
-so they agree on every branch. Block sizes never depend on B or T (LOCKED_CONFIGS below), and B and T
+so they agree on every branch. Block sizes never depend on B or T (rlk_triton/configs.py), and B and T
 are not specialized on, so one binary serves every shape: a row padded with masked tokens, or a batch
 followed by empty rows, sums the same numbers in the same tree (the extra lanes and tiles add exact
 zeros), so those give bitwise the same results too.
@@ -25,27 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
-
-# Locked launch configs of this file, (kernel, arch) -> LaunchConfig. block_v is the tile width of the
-# dim a program streams: BLOCK_T tokens for the row kernels, BLOCK_B rows for the batch kernel.
-# Never a function of B or T (see the module docstring). Not tuned on a GPU yet: the "cuda" rows are
-# reasonable defaults (8 fp32 per thread per tile); the interpreter rows keep tests cheap.
-# This table moves into rlk_triton/configs.LOCKED_CONFIGS (and its fingerprint) once that file is free
-# to edit; until then configs.fingerprint() does not cover it.
-LOCKED_CONFIGS: dict[tuple[str, str], LaunchConfig] = {
-    ("rl_ratio_kl_fwd", "cuda"): LaunchConfig(1024, 4, 1),
-    ("rl_ratio_kl_bwd", "cuda"): LaunchConfig(1024, 4, 1),
-    ("rl_policy_loss_rows", "cuda"): LaunchConfig(1024, 4, 1),
-    ("rl_policy_loss_batch", "cuda"): LaunchConfig(1024, 4, 1),
-    ("rl_policy_loss_bwd", "cuda"): LaunchConfig(1024, 4, 1),
-    ("rl_ratio_kl_fwd", "interpreter"): LaunchConfig(256, 4, 1),
-    ("rl_ratio_kl_bwd", "interpreter"): LaunchConfig(256, 4, 1),
-    ("rl_policy_loss_rows", "interpreter"): LaunchConfig(256, 4, 1),
-    ("rl_policy_loss_batch", "interpreter"): LaunchConfig(64, 4, 1),
-    ("rl_policy_loss_bwd", "interpreter"): LaunchConfig(256, 4, 1),
-}
 
 KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 AGGREGATIONS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 3}
@@ -58,12 +40,8 @@ N_ROW_STATS = 8
 
 
 def config(kernel: str, device: torch.device) -> LaunchConfig:
-    arch = arch_of(device)
-    key = (kernel, arch if arch == "interpreter" else "cuda")
-    try:
-        return LOCKED_CONFIGS[key]
-    except KeyError:
-        raise KeyError(f"no locked config for {key}") from None
+    """The locked config (rlk_triton/configs.py): never a function of B or T."""
+    return configs.lookup_fixed(kernel, arch_of(device))
 
 
 # ---- per-token math, shared by forward and backward ----
