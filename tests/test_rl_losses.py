@@ -732,3 +732,42 @@ def test_batch_invariant_gpu():
         batch[k][pos] = probe[k]
     got = _probe_grads(batch, pos, spec)
     assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
+
+
+def _inductor_case(device):
+    inputs = make_inputs(3, 24, seed=43, device=device)
+    spec = {"loss_type": "dapo", "aggregation": "seq-mean-token-mean", "eps_high": EPS_HIGH,
+            **FEATURES["everything"]}
+    kw, _ = policy_kwargs(inputs, spec)
+
+    def f(logp, ent):  # the ops' outputs only: inductor may fuse surrounding torch arithmetic differently
+        loss, tok, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                                      **dict(kw, entropy=ent))
+        lr, r, kl = ratio_kl(logp, inputs["old_logp"], inputs["ref_logp"], mask=inputs["mask"], log_ratio_clamp=CLAMP)
+        return loss, tok, diag["clipfrac"], lr, r, kl
+
+    return inputs, f
+
+
+def _check_inductor(device):
+    inputs, f = _inductor_case(device)
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
+    la, ea = inputs["logp"].clone().requires_grad_(True), inputs["entropy"].clone().requires_grad_(True)
+    lb, eb = inputs["logp"].clone().requires_grad_(True), inputs["entropy"].clone().requires_grad_(True)
+    outs_a, outs_b = f(la, ea), compiled(lb, eb)
+    assert all(torch.equal(a, b) for a, b in zip(outs_a, outs_b))
+    outs_a[0].backward()
+    outs_b[0].backward()
+    assert torch.equal(la.grad, lb.grad) and torch.equal(ea.grad, eb.grad)
+
+
+@pytest.mark.slow
+def test_under_inductor_cpu(device):
+    _check_inductor(device)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="torch.compile(inductor) of a function calling policy_loss and ratio_kl raised an "
+                          "InductorError on the H200 (2026-12-02, torch 2.11); not yet diagnosed", strict=False)
+def test_under_inductor_gpu():
+    _check_inductor("cuda")
