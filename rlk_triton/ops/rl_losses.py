@@ -145,10 +145,10 @@ def _policy_token(logp, old, adv, ref, ent, roll, active,
 
 # ---- ratio_kl kernels ----
 
-@triton.jit(do_not_specialize=["T", "clamp"])
-def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ratio_ptr, kl_ptr, T, clamp,
-                         HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
-                         KL_EST: tl.constexpr, BLOCK_T: tl.constexpr):
+@triton.jit
+def _ratio_kl_tile(logp_ptr, old_ptr, ref_ptr, mask_ptr, T, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
+                   BLOCK_T: tl.constexpr):
+    """The (row, tile) of a program: offsets, bounds, active lanes and the three logp tiles."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     inb = offs < T
@@ -161,6 +161,15 @@ def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ra
     ref = logp
     if HAS_REF:
         ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    return p, inb, active, logp, old, ref
+
+
+@triton.jit(do_not_specialize=["T", "clamp"])
+def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ratio_ptr, kl_ptr, T, clamp,
+                         HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
+                         KL_EST: tl.constexpr, BLOCK_T: tl.constexpr):
+    p, inb, active, logp, old, ref = _ratio_kl_tile(logp_ptr, old_ptr, ref_ptr, mask_ptr, T, HAS_MASK, HAS_REF,
+                                                    BLOCK_T)
     log_ratio, ratio, kl, _dlr, _dkl = _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP, HAS_REF, KL_EST)
     tl.store(log_ratio_ptr + p, tl.where(active, log_ratio, 0.0), mask=inb)
     tl.store(ratio_ptr + p, tl.where(active, ratio, 0.0), mask=inb)
@@ -173,18 +182,8 @@ def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref
                          T, clamp,
                          HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
                          KL_EST: tl.constexpr, BLOCK_T: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    inb = offs < T
-    p = row * T + offs
-    active = inb
-    if HAS_MASK:
-        active = active & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
-    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
-    old = tl.load(old_ptr + p, mask=inb, other=0.0)
-    ref = logp
-    if HAS_REF:
-        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    p, inb, active, logp, old, ref = _ratio_kl_tile(logp_ptr, old_ptr, ref_ptr, mask_ptr, T, HAS_MASK, HAS_REF,
+                                                    BLOCK_T)
     _lr, ratio, _kl, dlr, dkl = _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP, HAS_REF, KL_EST)
     g_lr = tl.load(g_lr_ptr + p, mask=inb, other=0.0)
     g_ratio = tl.load(g_ratio_ptr + p, mask=inb, other=0.0)
