@@ -190,3 +190,29 @@ def policy_loss_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad
     if grad_per_token is not None:
         up = up + _f64(grad_per_token)
     return np.where(t["active"], up * t["dloss_dlogp"], 0.0), np.where(t["active"], up * t["dloss_dentropy"], 0.0)
+
+
+def gspo_reference(logp, old_logp, advantages, mask, eps_low=3e-4, eps_high=4e-4, normalizer=None):
+    """float64 GSPO: (loss, per-sequence terms [B], diagnostics dict, d loss / d logp [B, T] for g_loss = 1,
+    per-sequence coefficients c_i with d l_i / d logp_t = c_i on active tokens)."""
+    lp, old = _f64(logp), _f64(old_logp)
+    adv = _f64(advantages)
+    active = _active(mask, lp.shape)
+    n = active.sum(1).astype(np.float64)
+    has = n > 0
+    mean_lr = np.where(active, lp - old, 0.0).sum(1) / np.maximum(n, 1)
+    s = np.exp(mean_lr)
+    cs = np.clip(s, 1 - eps_low, 1 + eps_high)
+    unclipped = -adv * s >= -adv * cs
+    terms = np.where(has, np.where(unclipped, -adv * s, -adv * cs), 0.0)
+    coef = np.where(has, np.where(unclipped, -adv, 0.0) * s / np.maximum(n, 1), 0.0)
+    denom = normalizer if normalizer is not None else has.sum()
+    w = 1.0 / denom if denom > 0 else 0.0
+    loss = terms.sum() * w
+    seqs = has.sum()
+    diag = {"clipfrac": float((has & (s != cs)).sum() / seqs) if seqs else 0.0,
+            "ratio_mean": float(s[has].mean()) if seqs else 0.0,
+            "ratio_min": float(s[has].min()) if seqs else 0.0,
+            "ratio_max": float(s[has].max()) if seqs else 0.0}
+    grad = np.where(active, w * coef[:, None], 0.0)
+    return loss, terms, diag, grad, coef

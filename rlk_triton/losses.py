@@ -18,6 +18,7 @@ import torch
 
 from ._runtime import interpreter_active
 from .errors import DeviceError, DTypeError, InputError, ShapeError
+from .ops import gspo as _gspo
 from .ops import rl_losses as _op
 
 LOSS_TYPES = ("ppo", "grpo", "dapo", "dr_grpo", "cispo")
@@ -39,7 +40,7 @@ _INTERPRETED = interpreter_active()
 
 Normalizer = Union[None, float, int, torch.Tensor]
 
-__all__ = ["policy_loss", "ratio_kl", "LOSS_TYPES", "AGGREGATIONS", "KL_ESTIMATORS", "TIS_MODES",
+__all__ = ["policy_loss", "ratio_kl", "gspo_loss", "LOSS_TYPES", "AGGREGATIONS", "KL_ESTIMATORS", "TIS_MODES",
            "USUAL_AGGREGATION"]
 
 
@@ -172,6 +173,52 @@ def policy_loss(
     )
     diag = diag.detach()
     return loss, per_token, {name: diag[i] for i, name in enumerate(DIAGNOSTICS)}
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: Optional[float] = 4e-4,
+    normalizer: Optional[float] = None,
+):
+    """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean over the sequence's
+    active tokens of (logp - old_logp)). (loss, sequence_loss, diagnostics).
+
+        l_i  = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
+        loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number)
+
+    logp, old_logp: fp32 [B, T]; advantages: fp32 [B] (one per sequence); mask [B, T]. The default
+    clip range is the GSPO paper's (3e-4, 4e-4): ratios of whole sequences move little. Returns the
+    fp32 0-dim loss, the fp32 [B] per-sequence terms l_i (0 for a sequence with no active token), and
+    diagnostics over those sequences: clipfrac, ratio_mean, ratio_min, ratio_max (0 when none).
+    Differentiable w.r.t. logp: d l_i / d logp_t = (-A_i or 0 when clipped) * s_i / n_i.
+    """
+    _check_logp(logp)
+    _check_like("old_logp", old_logp, logp)
+    mask_u8 = _check_mask(mask, logp)
+    if not torch.is_tensor(advantages) or advantages.dtype != torch.float32:
+        raise DTypeError("advantages", f"must be a float32 tensor, got {getattr(advantages, 'dtype', type(advantages).__name__)}")
+    if tuple(advantages.shape) != (logp.shape[0],):
+        raise ShapeError("advantages", f"GSPO takes one advantage per sequence: [{logp.shape[0]}], got {tuple(advantages.shape)}")
+    if advantages.device != logp.device:
+        raise DeviceError("advantages", f"on {advantages.device}, logp on {logp.device}")
+    eps_low = _number("eps_low", eps_low)
+    if not 0.0 <= eps_low <= 1.0:
+        raise InputError("eps_low", f"must lie in [0, 1], got {eps_low!r}")
+    eps_high = eps_low if eps_high is None else _number("eps_high", eps_high, allow_inf=True)
+    if eps_high < 0.0:
+        raise InputError("eps_high", f"must be >= 0, got {eps_high!r}")
+    if normalizer is not None:
+        normalizer = _positive("normalizer", normalizer)
+    loss, seq_loss, diag, _w, _coef = _gspo.gspo_loss_fwd(
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, 1.0 - eps_low,
+        1.0 + eps_high, normalizer)
+    diag = diag.detach()
+    return loss, seq_loss, {name: diag[i] for i, name in enumerate(_gspo.DIAGNOSTICS)}
 
 
 # ---- validation: typed errors that name the argument ----
