@@ -158,3 +158,16 @@ def test_gae_and_groups_at_scale_gpu():
         out = group_advantages(s, gid, num_groups=512, mode=mode, valid=ok)
         ref, sc = group_advantages_reference(s.cpu().numpy(), gid.cpu().numpy(), ok.cpu().numpy(), mode)
         assert contracts.scaled_abs_ratio(out.cpu(), ref, sc, _bound("group_advantages", "cuda")) <= 1.0
+
+
+def test_gae_right_padding_changes_no_bit(device):
+    """Frameworks pad T to the batch's longest sequence: a row's GAE must not see it."""
+    r, v, m, boot = _gae_case(3, 700, 21, device)
+    m[:, 650:] = False
+    outs = []
+    for T in (700, 1300):  # the padding crosses tile edges
+        pad = T - 700
+        z = torch.zeros(3, pad, device=device)
+        outs.append(gae(torch.cat([r, z], 1), torch.cat([v, z], 1), torch.cat([m, z.bool()], 1),
+                        gamma=0.99, lam=0.95, bootstrap_values=boot))
+    assert torch.equal(outs[0][0], outs[1][0][:, :700]) and torch.equal(outs[0][1], outs[1][1][:, :700])

@@ -1,7 +1,7 @@
 """Advantage estimators: GAE as a parallel scan, group-normalized advantages. Kernels + launchers.
 
 GAE, one program per sequence (row of [B, T]), reverse in time. Tiles of BLOCK_T tokens are taken
-from the end of the row to its start, each loaded in reversed order so that a forward
+from the row's last active token (so right padding changes nothing) back to its start, each loaded in reversed order so that a forward
 tl.associative_scan runs backwards in time; a carry links the tiles. Two scans per tile:
   1. the value of the nearest ACTIVE token to the right of t (masked tokens are transparent; the
      bootstrap value stands past the last active token);
@@ -49,19 +49,27 @@ def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, strid
     gamma = tl.cast(gamma, tl.float32)
     glam = gamma * tl.cast(lam, tl.float32)
     lanes = tl.arange(0, BLOCK_T)
+    # Anchor the tiles at the row's last active token, not at T - 1, so that right padding (a
+    # batch property) never moves a token to another lane of the scan tree.
+    last_active = tl.full((), -1, tl.int32)
+    for start in range(0, T, BLOCK_T):
+        offs = start + lanes
+        act = (offs < T) & (tl.load(mask_ptr + base + offs, mask=offs < T, other=0) != 0)
+        last_active = tl.maximum(last_active, tl.max(tl.where(act, offs, -1), 0))
+    end = last_active + 1  # tokens at or past `end` are inactive: their outputs stay 0
     carry_v = tl.load(boot_ptr + row)  # the value past the last active token
     carry_a = tl.zeros((), tl.float32)  # A past the last active token
-    n_tiles = tl.cdiv(T, BLOCK_T)
+    n_tiles = tl.cdiv(end, BLOCK_T)
     for k in range(0, n_tiles):
         # reversed positions: lane 0 is the latest token of this tile
-        t = T - 1 - (k * BLOCK_T + lanes)
+        t = end - 1 - (k * BLOCK_T + lanes)
         inside = t >= 0
         active = (tl.load(mask_ptr + base + t, mask=inside, other=0) != 0) & inside
         r = tl.load(rew_ptr + base + t, mask=active, other=0.0)
         v = tl.load(val_ptr + base + t, mask=active, other=0.0)
         # nearest active value strictly to the right of t: scan the (t+1) column
         t1 = t + 1
-        act1 = (tl.load(mask_ptr + base + t1, mask=inside & (t1 < T), other=0) != 0) & inside & (t1 < T)
+        act1 = (tl.load(mask_ptr + base + t1, mask=inside & (t1 < end), other=0) != 0) & inside & (t1 < end)
         v1 = tl.load(val_ptr + base + t1, mask=act1, other=0.0)
         sv, sf = tl.associative_scan((v1, act1.to(tl.int32)), 0, _nearest_active)
         v_next = tl.where(sf != 0, sv, carry_v)
@@ -74,7 +82,7 @@ def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, strid
         tl.store(ret_ptr + base + t, tl.where(active, adv + v, 0.0), mask=inside)
         # carries for the tile to the left: the state at this tile's earliest token (lane `last`);
         # masked tokens are identity maps, so the A state there is adv itself
-        last = lanes == tl.minimum(BLOCK_T - 1, T - 1 - k * BLOCK_T)
+        last = lanes == tl.minimum(BLOCK_T - 1, end - 1 - k * BLOCK_T)
         seen = active | (sf != 0)
         v_here = tl.where(active, v, sv)
         carry_has = tl.max(tl.where(last & seen, 1, 0), 0) > 0
@@ -125,8 +133,8 @@ def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, cou
 
 def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
     B, T = rewards.shape
-    adv = torch.empty_like(rewards)
-    ret = torch.empty_like(rewards)
+    adv = torch.zeros_like(rewards)  # tokens after a row's last active one are never written
+    ret = torch.zeros_like(rewards)
     if B == 0 or T == 0:
         return adv, ret
     block, warps = _locked("gae", rewards.device)

@@ -1,0 +1,82 @@
+"""The packed 1-D token layout of RL batches, next to the padded [B, T] one the kernels take.
+
+A packed batch holds the tokens of B sequences back to back: values [N] and cu_seqlens [B + 1]
+(int32 / int64, cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = N), as varlen attention uses.
+`pad` lays it out as [B, max_seqlen] plus the mask of real tokens; `unpad` takes the real tokens
+back. Both are differentiable gathers (every output element has exactly one source), so the RL
+operators' per-token values and gradients are the same bits in either layout:
+
+    lp, old, adv = (pad(x, cu, max_len)[0] for x in (logp_packed, old_packed, adv_packed))
+    loss, per_token, diag = policy_loss(lp, old, adv, mask=pad(logp_packed, cu, max_len)[1], ...)
+    per_token_packed = unpad(per_token, cu)
+
+max_seqlen is an argument (as in varlen attention) so that no host sync is needed to size [B, T].
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import DeviceError, DTypeError, InputError, ShapeError
+
+__all__ = ["pad", "unpad", "sequence_ids"]
+
+
+def _check_cu(cu_seqlens, n_tokens, device):
+    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise DTypeError("cu_seqlens", "must be an int32 / int64 tensor [B + 1]")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ShapeError("cu_seqlens", f"must be 1-D [B + 1], got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise DeviceError("cu_seqlens", f"on {cu_seqlens.device}, values on {device}")
+    return cu_seqlens.long()
+
+
+def sequence_ids(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """[N] int64: the sequence of each packed token (no host sync)."""
+    cu = _check_cu(cu_seqlens, n_tokens, cu_seqlens.device)
+    tokens = torch.arange(n_tokens, device=cu.device)
+    return torch.searchsorted(cu[1:], tokens, right=True)
+
+
+def pad(values: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *, validate: bool = True):
+    """(padded [B, max_seqlen, ...], mask [B, max_seqlen] bool) from packed values [N, ...].
+
+    Padding positions hold 0. validate=True checks cu_seqlens on the host (one sync): starts at 0,
+    non-decreasing, ends at N, no sequence longer than max_seqlen.
+    """
+    if not torch.is_tensor(values) or values.dim() < 1:
+        raise ShapeError("values", "must be a tensor [N, ...]")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise InputError("max_seqlen", f"must be an int >= 0, got {max_seqlen!r}")
+    cu = _check_cu(cu_seqlens, values.shape[0], values.device)
+    n = values.shape[0]
+    if validate:
+        lengths = cu[1:] - cu[:-1]
+        ok = bool(cu[0] == 0) and bool(cu[-1] == n) and bool((lengths >= 0).all()) and \
+            (lengths.numel() == 0 or int(lengths.max()) <= max_seqlen)
+        if not ok:
+            raise InputError("cu_seqlens", f"must start at 0, not decrease, end at N={n}, and hold no "
+                             f"sequence longer than max_seqlen={max_seqlen}")
+    B = cu.numel() - 1
+    pos = torch.arange(max_seqlen, device=values.device)
+    src = cu[:-1, None] + pos[None, :]  # [B, max_seqlen]
+    mask = src < cu[1:, None]
+    gathered = values[src.clamp_max(max(n - 1, 0)).reshape(-1)] if n else \
+        values.new_zeros((B * max_seqlen,) + tuple(values.shape[1:]))
+    gathered = gathered.reshape((B, max_seqlen) + tuple(values.shape[1:]))
+    m = mask.reshape(mask.shape + (1,) * (values.dim() - 1))
+    return torch.where(m, gathered, torch.zeros((), dtype=values.dtype, device=values.device)), mask
+
+
+def unpad(padded: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Packed [N, ...] from padded [B, T, ...]: the real tokens of each row, in order."""
+    if not torch.is_tensor(padded) or padded.dim() < 2:
+        raise ShapeError("padded", "must be a tensor [B, T, ...]")
+    cu = _check_cu(cu_seqlens, None, padded.device)
+    B, T = padded.shape[:2]
+    if cu.numel() != B + 1:
+        raise ShapeError("cu_seqlens", f"has {cu.numel() - 1} sequences, padded has {B} rows")
+    n = int(cu[-1]) if cu.numel() else 0  # the output's size: one sync, as any unpad needs
+    ids = sequence_ids(cu, n)
+    within = torch.arange(n, device=padded.device) - cu[ids]
+    return padded[ids, within]
