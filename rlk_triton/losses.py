@@ -133,12 +133,7 @@ def policy_loss(
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     _check_choice("tis_mode", tis_mode, TIS_MODES)
-    eps_low = _number("eps_low", eps_low)
-    if not 0.0 <= eps_low <= 1.0:
-        raise InputError("eps_low", f"must lie in [0, 1], got {eps_low!r}")
-    eps_high = eps_low if eps_high is None else _number("eps_high", eps_high, allow_inf=True)
-    if eps_high < 0.0:
-        raise InputError("eps_high", f"must be >= 0, got {eps_high!r}")
+    eps_low, eps_high = _clip_range(eps_low, eps_high)
     if dual_clip_c is not None:
         dual_clip_c = _number("dual_clip_c", dual_clip_c)
         if dual_clip_c <= 1.0:
@@ -206,12 +201,7 @@ def gspo_loss(
         raise ShapeError("advantages", f"GSPO takes one advantage per sequence: [{logp.shape[0]}], got {tuple(advantages.shape)}")
     if advantages.device != logp.device:
         raise DeviceError("advantages", f"on {advantages.device}, logp on {logp.device}")
-    eps_low = _number("eps_low", eps_low)
-    if not 0.0 <= eps_low <= 1.0:
-        raise InputError("eps_low", f"must lie in [0, 1], got {eps_low!r}")
-    eps_high = eps_low if eps_high is None else _number("eps_high", eps_high, allow_inf=True)
-    if eps_high < 0.0:
-        raise InputError("eps_high", f"must be >= 0, got {eps_high!r}")
+    eps_low, eps_high = _clip_range(eps_low, eps_high)
     if normalizer is not None:
         normalizer = _positive("normalizer", normalizer)
     loss, seq_loss, diag, _w, _coef = _gspo.gspo_loss_fwd(
@@ -222,6 +212,17 @@ def gspo_loss(
 
 
 # ---- validation: typed errors that name the argument ----
+
+def _clip_range(eps_low, eps_high) -> tuple[float, float]:
+    """(eps_low, eps_high) of clip(r, 1 - eps_low, 1 + eps_high); eps_high None means eps_low."""
+    eps_low = _number("eps_low", eps_low)
+    if not 0.0 <= eps_low <= 1.0:
+        raise InputError("eps_low", f"must lie in [0, 1], got {eps_low!r}")
+    eps_high = eps_low if eps_high is None else _number("eps_high", eps_high, allow_inf=True)
+    if eps_high < 0.0:
+        raise InputError("eps_high", f"must be >= 0, got {eps_high!r}")
+    return eps_low, eps_high
+
 
 def _check_logp(logp):
     if not isinstance(logp, torch.Tensor):

@@ -195,6 +195,30 @@ def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref
 
 # ---- policy_loss kernels ----
 
+@triton.jit
+def _policy_tile(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+                 ADV_PER_ROW: tl.constexpr, HAS_KL: tl.constexpr, HAS_ENTROPY: tl.constexpr,
+                 TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A tile of every per-token input of the policy loss (absent ones stand in as unused copies)."""
+    active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
+    old = tl.load(old_ptr + p, mask=inb, other=0.0)
+    if ADV_PER_ROW:
+        adv = tl.zeros((BLOCK_T,), tl.float32) + tl.load(adv_ptr + row)  # a tile, like the others
+    else:
+        adv = tl.load(adv_ptr + p, mask=inb, other=0.0)
+    ref = logp
+    if HAS_KL:
+        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
+    ent = logp
+    if HAS_ENTROPY:
+        ent = tl.load(ent_ptr + p, mask=inb, other=0.0)
+    roll = old
+    if TIS_MODE != 0:
+        roll = tl.load(roll_ptr + p, mask=inb, other=0.0)
+    return active, logp, old, adv, ref, ent, roll
+
+
 @triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
 def _policy_loss_rows_kernel(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
@@ -204,8 +228,6 @@ def _policy_loss_rows_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_T)
-    if ADV_PER_ROW:
-        adv_row = tl.zeros((BLOCK_T,), tl.float32) + tl.load(adv_ptr + row)  # a tile, like the others
     loss_sum = tl.zeros((), tl.float32)
     kl_sum = tl.zeros((), tl.float32)
     ratio_sum = tl.zeros((), tl.float32)
@@ -217,22 +239,9 @@ def _policy_loss_rows_kernel(
         offs = tile * BLOCK_T + lanes
         inb = offs < T
         p = row * T + offs
-        active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
-        logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
-        old = tl.load(old_ptr + p, mask=inb, other=0.0)
-        if ADV_PER_ROW:
-            adv = adv_row
-        else:
-            adv = tl.load(adv_ptr + p, mask=inb, other=0.0)
-        ref = logp
-        if HAS_KL:
-            ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
-        ent = logp
-        if HAS_ENTROPY:
-            ent = tl.load(ent_ptr + p, mask=inb, other=0.0)
-        roll = old
-        if TIS_MODE != 0:
-            roll = tl.load(roll_ptr + p, mask=inb, other=0.0)
+        active, logp, old, adv, ref, ent, roll = _policy_tile(
+                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+                ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
         loss, _dl, _de, active, clipped, ratio = _policy_token(
             logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
             CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
@@ -340,22 +349,9 @@ def _policy_loss_bwd_kernel(
     offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     inb = offs < T
     p = row * T + offs
-    active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
-    logp = tl.load(logp_ptr + p, mask=inb, other=0.0)
-    old = tl.load(old_ptr + p, mask=inb, other=0.0)
-    if ADV_PER_ROW:
-        adv = tl.zeros((BLOCK_T,), tl.float32) + tl.load(adv_ptr + row)
-    else:
-        adv = tl.load(adv_ptr + p, mask=inb, other=0.0)
-    ref = logp
-    if HAS_KL:
-        ref = tl.load(ref_ptr + p, mask=inb, other=0.0)
-    ent = logp
-    if HAS_ENTROPY:
-        ent = tl.load(ent_ptr + p, mask=inb, other=0.0)
-    roll = old
-    if TIS_MODE != 0:
-        roll = tl.load(roll_ptr + p, mask=inb, other=0.0)
+    active, logp, old, adv, ref, ent, roll = _policy_tile(
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+            ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
     _l, dloss, dent, active, _c, _r = _policy_token(
         logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
         CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
