@@ -82,3 +82,25 @@ def test_large_vocab_sweep_on_the_interpreter(V, dtype, device):
         case = LogpCase(16, V, dtype, T, 3.0, layout, seed=V + 7)
         ratios = judge_selected_logp(case, device)
         assert all(r <= 1.0 for r in ratios.values()), f"{case.label()}: {ratios}"
+
+
+@pytest.mark.parametrize("which", ("logp only", "entropy only"))
+def test_gradient_of_one_output_alone(which, device):
+    """Autograd hands the op a None / zero gradient for the unused output: still exact."""
+    from rlk_triton import contracts
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.logp import selected_logp
+    from rlk_triton.reference import selected_logp_grad_reference
+    from rlk_triton.testing.parity import logp_grad_sensitivity, make_logits
+
+    x = make_logits(3, 777, torch.bfloat16, 3.0, torch.Generator().manual_seed(5), device).requires_grad_(True)
+    t = torch.randint(0, 777, (3,), generator=torch.Generator().manual_seed(6)).to(device)
+    logp, ent = selected_logp(x, t, temperature=0.8, return_entropy=True)
+    (logp.sum() if which == "logp only" else ent.sum()).backward()
+    g = torch.ones(3) if which == "logp only" else torch.zeros(3)
+    h = None if which == "logp only" else torch.ones(3)
+    x64, t64 = x.detach().double().cpu().numpy(), t.cpu().numpy()
+    ref = selected_logp_grad_reference(x64, t64, g.numpy(), None if h is None else h.numpy(), 0.8)
+    sens = logp_grad_sensitivity(x64, t64, 0.8, g.numpy(), (h if h is not None else torch.zeros(3)).numpy(), ref)
+    bound = contracts.judgment("selected_logp", torch.bfloat16, "gradient_accuracy", arch_of(x.device))
+    assert contracts.rounding_plus_sensitivity_ratio(x.grad.double().cpu().numpy(), ref, sens, bound) <= 1.0
