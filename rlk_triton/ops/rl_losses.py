@@ -240,8 +240,8 @@ def _policy_loss_rows_kernel(
         inb = offs < T
         p = row * T + offs
         active, logp, old, adv, ref, ent, roll = _policy_tile(
-                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
-                ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+            ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
         loss, _dl, _de, active, clipped, ratio = _policy_token(
             logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
             CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
@@ -350,8 +350,8 @@ def _policy_loss_bwd_kernel(
     inb = offs < T
     p = row * T + offs
     active, logp, old, adv, ref, ent, roll = _policy_tile(
-            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
-            ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+        ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
     _l, dloss, dent, active, _c, _r = _policy_token(
         logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
         CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
