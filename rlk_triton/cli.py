@@ -100,10 +100,10 @@ def _configs(args) -> int:
         print(json.dumps({"arch": arch, "fingerprint": configs.fingerprint(arch), "table": table}, indent=1))
         return 0
     print(f"fingerprint {configs.fingerprint(arch)} (arch {arch})")
-    print(f"{'kernel':20s} {'arch':12s} {'dtype':9s} {'V bucket':9s} block_v warps stages")
+    print(f"{'kernel':20s} {'arch':12s} {'dtype':9s} {'bucket':9s} tiles")
     for r in table:
-        print(f"{r['kernel']:20s} {r['arch']:12s} {r['dtype']:9s} {r['v_bucket']:9s} "
-              f"{r['block_v']:7d} {r['num_warps']:5d} {r['num_stages']:6d}")
+        tiles = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("kernel", "arch", "dtype", "v_bucket"))
+        print(f"{r['kernel']:20s} {r['arch']:12s} {r['dtype']:9s} {r['v_bucket']:9s} {tiles}")
     return 0
 
 

@@ -24,6 +24,19 @@ class LaunchConfig:
     num_stages: int
 
 
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Tiles of a tl.dot kernel. Never a function of M (the token count) and never split-K, so an
+    output row is computed by the same instructions whatever the batch: rows are batch-invariant."""
+    block_m: int
+    block_n: int
+    block_k: int  # the K loop walks K in ascending steps of block_k: the reduction order
+    group_m: int  # L2 swizzle of the launch grid: changes which program runs when, never the math
+    num_warps: int
+    num_stages: int
+    chunk_v: int = 0  # linear_logp: the canonical vocab chunk (a multiple of block_n); 0 = unused
+
+
 # V buckets, by their upper bound (inclusive). The last bucket is open.
 V_BUCKETS = (1024, 8192, None)
 
@@ -68,10 +81,67 @@ def _rows():
     for kernel, (cb, cw, ib, iw) in rl.items():
         t[(kernel, "cuda", "float32", "any")] = LaunchConfig(cb, cw, 1)
         t[(kernel, "interpreter", "float32", "any")] = LaunchConfig(ib, iw, 1)
+    # RoPE and embedding (rlk_triton/ops/rope.py, embedding.py). block_v = (token, head) rows per
+    # program for "rope" (bucket: head_dim), hidden columns per program for the embedding kernels
+    # (bucket: hidden size). The math is elementwise or per-id, so the tile never changes a result;
+    # never a function of the token count. "cuda" rows are untuned defaults.
+    positional = {  # kernel: (cuda block, cuda warps, interpreter block)
+        "rope": (32, 4, 256), "embedding_fwd": (1024, 4, 4096), "embedding_bwd": (1024, 4, 4096),
+    }
+    for kernel, (cb, cw, ib) in positional.items():
+        for dt in _DTYPES:
+            for v_max in V_BUCKETS:
+                t[(kernel, "cuda", dt, _bucket_name(v_max))] = LaunchConfig(cb, cw, 1)
+                t[(kernel, "interpreter", dt, _bucket_name(v_max))] = LaunchConfig(ib, 4, 1)
+    # RMSNorm and SwiGLU (rlk_triton/ops/rmsnorm.py, swiglu.py); bucket: the hidden / intermediate
+    # size. block_v is the widest tile over that dim (the tile is min(next_pow2(H), block_v), so a
+    # row up to 16384 wide is one tile on CUDA); one row per program. "rmsnorm_dw_rows": block_v =
+    # R, rows per dW partial (the fixed row partition of dW), its warps / stages unused;
+    # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). "cuda" rows untuned;
+    # the interpreter rows are narrow so that tests cover several tiles, blocks and lane groups.
+    for dt in _DTYPES:
+        two_byte = dt != "float32"
+        for v_max, (tile, warps) in zip(V_BUCKETS, ((1024, 4), (8192, 8), (16384, 16))):
+            b = _bucket_name(v_max)
+            t[("rmsnorm_fwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
+            t[("rmsnorm_bwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 2)
+            t[("rmsnorm_dw_rows", "cuda", dt, b)] = LaunchConfig(32, 1, 1)
+            t[("rmsnorm_dw_reduce", "cuda", dt, b)] = LaunchConfig(16, 4, 2)
+            t[("swiglu_fwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 4, 1)
+            t[("swiglu_bwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 8, 1)
+        for v_max, tile, glu_tile in zip(V_BUCKETS, (1024, 8192, 4096), (256, 1024, 4096)):
+            b = _bucket_name(v_max)
+            t[("rmsnorm_fwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
+            t[("rmsnorm_bwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
+            t[("rmsnorm_dw_rows", "interpreter", dt, b)] = LaunchConfig(4, 1, 1)
+            t[("rmsnorm_dw_reduce", "interpreter", dt, b)] = LaunchConfig(2, 4, 1)
+            t[("swiglu_fwd", "interpreter", dt, b)] = LaunchConfig(glu_tile, 4, 1)
+            t[("swiglu_bwd", "interpreter", dt, b)] = LaunchConfig(glu_tile, 4, 1)
     return t
 
 
-LOCKED_CONFIGS: dict[tuple[str, str, str, str], LaunchConfig] = _rows()
+def _matmul_rows():
+    """tl.dot kernels: the generic matmul and linear_logp's fused kernels. One shape bucket ("any"):
+    tiles depend on (kernel, arch, dtype) only. fp32 runs as IEEE fp32 (no TF32) on CUDA cores."""
+    t = {}
+    for arch in ("sm90", "cuda"):
+        for dt in ("bfloat16", "float16"):
+            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3)
+            t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096)
+            t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096)
+        t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
+        t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
+        t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
+    # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
+    # still give tests several chunks and several K steps.
+    for dt in _DTYPES:
+        t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
+        t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+        t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+    return t
+
+
+LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = {**_rows(), **_matmul_rows()}
 
 
 def v_bucket(V: int) -> str:
@@ -95,6 +165,16 @@ def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
     """The locked config of a launch. Raises KeyError for a combination the table does not hold."""
     dt = str(dtype).removeprefix("torch.")
     key = (kernel, table_arch(arch, kernel), dt, v_bucket(V))
+    try:
+        return LOCKED_CONFIGS[key]
+    except KeyError:
+        raise KeyError(f"no locked config for {key}") from None
+
+
+def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype) -> MatmulConfig:
+    """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype) only."""
+    dt = str(dtype).removeprefix("torch.")
+    key = (kernel, table_arch(arch, kernel), dt, "any")
     try:
         return LOCKED_CONFIGS[key]
     except KeyError:

@@ -49,15 +49,28 @@ def contracts_md() -> str:
 
 
 def configs_md() -> str:
+    rows = configs.table_as_data()
     out = [HEADER, "# Locked launch configs\n",
-           "One table, no autotune: a config is a pure function of (kernel, arch, dtype, V bucket), never of "
+           "One table, no autotune: a config is a pure function of (kernel, arch, dtype, shape bucket), never of "
            "the number of rows. Source: `rlk_triton/configs.py`. The build fingerprint (hash of this table, "
            "the triton version and the arch) is printed by `rlk-triton configs`.\n",
+           "## Row kernels\n",
            "| kernel | arch | dtype | V bucket | block_v | num_warps | num_stages |",
            "|---|---|---|---|---|---|---|"]
-    for r in configs.table_as_data():
-        out.append(f"| {r['kernel']} | {r['arch']} | {r['dtype']} | {r['v_bucket']} | {r['block_v']} | "
-                   f"{r['num_warps']} | {r['num_stages']} |")
+    for r in rows:
+        if "block_v" in r:
+            out.append(f"| {r['kernel']} | {r['arch']} | {r['dtype']} | {r['v_bucket']} | {r['block_v']} | "
+                       f"{r['num_warps']} | {r['num_stages']} |")
+    out += ["\n## tl.dot kernels\n",
+            "No split-K; block_k is the step of the ascending K loop. chunk_v is linear_logp's canonical "
+            "vocab chunk (docs/linear_logp.md).\n",
+            "| kernel | arch | dtype | block_m | block_n | block_k | group_m | num_warps | num_stages | chunk_v |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "block_m" in r:
+            out.append(f"| {r['kernel']} | {r['arch']} | {r['dtype']} | {r['block_m']} | {r['block_n']} | "
+                       f"{r['block_k']} | {r['group_m']} | {r['num_warps']} | {r['num_stages']} | "
+                       f"{r['chunk_v'] or '-'} |")
     return "\n".join(out) + "\n"
 
 

@@ -17,6 +17,7 @@ import torch
 from ._runtime import interpreter_active
 from .errors import (BackendError, DeviceError, DTypeError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
+from .ops import linear_logp as _linear_op
 from .ops import selected_logp as _op
 from .ops.selected_logp_torch import selected_logp_torch as _torch_reference
 
@@ -31,7 +32,7 @@ Temperature = Union[float, torch.Tensor]
 # Triton decides interpreted-or-compiled when it decorates the kernels, which happened on import.
 _INTERPRETED = interpreter_active()
 
-__all__ = ["selected_logp", "selected_logp_indexed", "DEFAULT_IGNORE_INDEX"]
+__all__ = ["selected_logp", "selected_logp_indexed", "linear_logp", "DEFAULT_IGNORE_INDEX"]
 
 
 def selected_logp(
@@ -133,7 +134,155 @@ def selected_logp_indexed(
     return (logp, entropy) if return_entropy else logp
 
 
+def linear_logp(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    tp_group=None,
+    vocab_start_index: int = 0,
+    global_vocab_size: int | None = None,
+    ignore_index: int = DEFAULT_IGNORE_INDEX,
+    validate: bool = True,
+):
+    """log softmax((hidden @ weight.T + bias) / T)[target] in float32, without [tokens, V] logits.
+
+    Args:
+        hidden: [..., H] bf16 / fp16 / fp32; the last dim contiguous.
+        weight: [V_local, H], hidden's dtype and device, rows contiguous. With tp_group, this rank's
+            contiguous vocab shard [vocab_start_index, vocab_start_index + V_local).
+        target_ids: int32 / int64 with shape hidden.shape[:-1]: GLOBAL vocab ids (with tp_group a
+            rank sees targets outside its shard; the rank holding a target contributes its logit).
+        bias: optional [V_local], hidden's dtype.
+        temperature: a positive finite float, a runtime value (never recompiles). Not differentiated.
+        return_entropy: also return the entropy of softmax(logits / T), from the same pass.
+        tp_group: a torch.distributed process group whose ranks hold the vocab shards in rank
+            order. Every rank passes the same hidden and target_ids. Row statistics merge in rank
+            order; logp, entropy and d hidden are bitwise equal to one shard's when every
+            vocab_start_index is a multiple of the canonical chunk (configs chunk_v; 4096 on CUDA).
+        vocab_start_index, global_vocab_size: this shard's offset and the full vocab size (without
+            tp_group: 0 and V_local).
+        ignore_index: rows with this target get logp 0 and no logp gradient; other targets must lie
+            in [0, global_vocab_size).
+        validate: check targets (and, with tp_group, that the shards tile the vocab in rank order);
+            costs a host sync (and a small collective). Invalid targets otherwise give NaN logp.
+
+    Returns:
+        logp float32 with target_ids' shape, or (logp, entropy). Differentiable w.r.t. hidden, weight
+        and bias; gradients in their dtypes, accumulated in fp32 (docs/linear_logp.md).
+    """
+    hidden2d, lead = _check_linear_inputs(hidden, weight, bias, target_ids)
+    t = _check_scalar_temperature(temperature)
+    V_local = weight.shape[0]
+    if tp_group is None:
+        if vocab_start_index != 0:
+            raise ShapeError("vocab_start_index", "must be 0 without tp_group (the weight is the whole vocab)")
+        if global_vocab_size not in (None, V_local):
+            raise ShapeError("global_vocab_size", f"is {global_vocab_size} but the weight holds {V_local} "
+                             "rows and there is no tp_group")
+        global_V = V_local
+    else:
+        if global_vocab_size is None:
+            raise ShapeError("global_vocab_size", "is required with tp_group")
+        global_V = int(global_vocab_size)
+        if vocab_start_index < 0 or vocab_start_index + V_local > global_V:
+            raise ShapeError("vocab_start_index", f"shard [{vocab_start_index}, {vocab_start_index + V_local})"
+                             f" is not inside the vocab [0, {global_V})")
+    flat_targets = target_ids.reshape(-1).contiguous()
+    if validate:
+        _check_targets(flat_targets, global_V, ignore_index)
+        if tp_group is not None:
+            _check_shards(tp_group, vocab_start_index, V_local, global_V, hidden2d, flat_targets)
+    if tp_group is None:
+        logp, entropy, _, _ = _linear_op.linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
+                                                         int(ignore_index), bool(return_entropy))
+    else:
+        logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
+                                                            int(ignore_index), bool(return_entropy),
+                                                            tp_group, int(vocab_start_index))
+    logp = logp.view(lead)
+    return (logp, entropy.view(lead)) if return_entropy else logp
+
+
 # ---- validation: typed errors that name the argument ----
+
+def _check_linear_inputs(hidden, weight, bias, target_ids):
+    for name, x in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(x, torch.Tensor):
+            raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in SUPPORTED_LOGITS_DTYPES:
+            raise DTypeError(name, f"dtype {x.dtype} is not one of bfloat16, float16, float32")
+    if hidden.dim() < 1:
+        raise ShapeError("hidden", "needs a hidden dim: shape [..., H]")
+    if weight.dim() != 2:
+        raise ShapeError("weight", f"must be [V_local, H], got shape {tuple(weight.shape)}")
+    H = hidden.shape[-1]
+    if weight.shape[1] != H:
+        raise ShapeError("weight", f"hidden size {weight.shape[1]} does not match hidden's {H}")
+    if weight.dtype != hidden.dtype:
+        raise DTypeError("weight", f"dtype {weight.dtype} differs from hidden's {hidden.dtype}")
+    if weight.device != hidden.device:
+        raise DeviceError("weight", f"on {weight.device}, hidden on {hidden.device}")
+    if H > 1 and weight.stride(1) != 1:
+        raise LayoutError("weight", f"rows must be contiguous (stride {weight.stride(1)}); call .contiguous()")
+    if H > 1 and hidden.stride(-1) != 1:
+        raise LayoutError("hidden", f"the hidden dim must be contiguous (stride {hidden.stride(-1)})")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype != hidden.dtype:
+            raise DTypeError("bias", f"must be a tensor of hidden's dtype {hidden.dtype}")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ShapeError("bias", f"shape {tuple(bias.shape)} is not [V_local] = [{weight.shape[0]}]")
+        if bias.device != hidden.device:
+            raise DeviceError("bias", f"on {bias.device}, hidden on {hidden.device}")
+        bias_ok = bias.stride(0) == 1 or bias.numel() <= 1
+        if not bias_ok:
+            raise LayoutError("bias", "must be contiguous")
+    if hidden.device.type == "cpu":
+        if not _INTERPRETED:
+            raise DeviceError("hidden", "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
+                              "before importing rlk_triton, or move to CUDA")
+    elif hidden.device.type != "cuda":
+        raise DeviceError("hidden", f"unsupported device {hidden.device}")
+    lead = tuple(hidden.shape[:-1])
+    _check_index("target_ids", target_ids, hidden, lead)
+    if weight.shape[0] == 0 and math.prod(lead) > 0:
+        raise ShapeError("weight", "has no vocab rows")
+    return hidden.reshape(-1, H), lead
+
+
+def _check_scalar_temperature(temperature) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TemperatureError("temperature", f"expected a float, got {type(temperature).__name__}")
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0.0:
+        raise TemperatureError("temperature", f"must be finite and > 0, got {temperature!r}")
+    return t
+
+
+def _check_shards(group, start, V_local, global_V, hidden2d, flat_targets):
+    """Every rank: same vocab size, token count and hidden size; shards tile [0, V) in rank order."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([start, V_local, global_V, hidden2d.shape[0], hidden2d.shape[1]],
+                        dtype=torch.int64, device=hidden2d.device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    rows = [[int(v) for v in e] for e in every]
+    expect = 0
+    for r, (s, n, gv, N, H) in enumerate(rows):
+        if (gv, N, H) != (global_V, hidden2d.shape[0], hidden2d.shape[1]):
+            raise ShapeError("tp_group", f"rank {r} has (global_vocab_size, tokens, H) = {(gv, N, H)}, "
+                             f"this rank {(global_V, hidden2d.shape[0], hidden2d.shape[1])}")
+        if s != expect:
+            raise ShapeError("vocab_start_index", f"rank {r} starts at {s}, expected {expect}: shards "
+                             "must be contiguous and in rank order")
+        expect = s + n
+    if expect != global_V:
+        raise ShapeError("global_vocab_size", f"the shards cover [0, {expect}), not [0, {global_V})")
+
 
 def _check_logits(logits, backend) -> tuple[int, ...]:
     if backend not in BACKENDS:

@@ -45,9 +45,26 @@ def test_fingerprint_names_table_triton_and_arch(monkeypatch):
 
 
 def test_per_token_rl_kernels_have_one_bucket_on_every_arch():
-    kernels = {k for (k, _, _, b) in configs.LOCKED_CONFIGS if b == "any"}
+    kernels = {k for (k, _, _, b), c in configs.LOCKED_CONFIGS.items()
+               if b == "any" and isinstance(c, configs.LaunchConfig)}
     assert {"gae", "group_stats", "rl_policy_loss_rows", "rl_ratio_kl_fwd"} <= kernels
     for kernel in kernels:
         for arch in ("interpreter", "sm90", "sm80"):
             assert configs.lookup_fixed(kernel, arch).block_v > 0
     assert list(inspect.signature(configs.lookup_fixed).parameters) == ["kernel", "arch"]
+
+
+def test_matmul_tiles_are_row_count_free_and_chunks_whole_tiles():
+    assert list(inspect.signature(configs.lookup_matmul).parameters) == ["kernel", "arch", "dtype"]
+    for kernel in ("matmul", "linear_logp_fwd", "linear_logp_dlogits"):
+        for arch in ("interpreter", "sm90", "sm80"):
+            for dt in (torch.bfloat16, torch.float16, torch.float32):
+                cfg = configs.lookup_matmul(kernel, arch, dt)
+                assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16  # tl.dot's minimum
+                if kernel.startswith("linear_logp"):
+                    assert cfg.chunk_v % cfg.block_n == 0
+    # the forward and the backward walk the same canonical chunks
+    for arch in ("interpreter", "sm90"):
+        for dt in (torch.bfloat16, torch.float32):
+            assert configs.lookup_matmul("linear_logp_fwd", arch, dt).chunk_v == \
+                configs.lookup_matmul("linear_logp_dlogits", arch, dt).chunk_v

@@ -15,6 +15,16 @@ Online softmax state, in natural-log units, for x = logits / T:
   t   sum_j exp(x_j - m) * (x_j - m)        (only for entropy)
 so that logsumexp = m + log(s) and entropy = log(s) - t / s. Keeping t relative to the max, rather
 than sum p * x, avoids cancelling two numbers of the size of the logits (|x| ~ 1e4 stays exact).
+
+Segment sums over tokens (embedding backward, rlk_triton/ops/embedding.py):
+  1. Token indices are stably sorted by id (torch.argsort(stable=True)): each id's tokens form one
+     contiguous segment, in ascending token order. Padding and out-of-range ids sort last, unused.
+  2. One program per (id, column tile) folds its segment's gradient rows one token at a time,
+     acc = ((0 + g_t0) + g_t1) + ..., in fp32, for t0 < t1 < ...; rows are loaded four at a time
+     but added in that order (a masked row adds +0.0, which leaves acc unchanged).
+  3. The sum is rounded once to the weight's dtype and written; ids without tokens get zero rows.
+So dW[v] is a function of v's tokens' gradients in token order only: no atomics, no tree, nothing
+that depends on the other ids or the launch.
 """
 import triton
 import triton.language as tl
@@ -44,3 +54,66 @@ def online_softmax_tile(x, m, s, t, WITH_ENTROPY: tl.constexpr):
 def log_of_sum(s):
     """Natural log of the state's sum (s >= 1 once a finite value was seen)."""
     return tl.log2(s) * 0.6931471805599453
+
+
+# ---- Row blocks and chunk states (linear_logp) ----
+# linear_logp computes logits tile by tile and never stores them, so it reduces a block of rows at
+# once, and a row's vocab is cut into canonical chunks (configs chunk_v, global vocab positions):
+#   1. Inside a chunk, tiles of block_n columns fold into the state in increasing order
+#      (online_softmax_rows: online_softmax_tile's arithmetic, one state per row of the block).
+#   2. Each chunk's state (m, s, t) is stored; chunks then merge into the row's state strictly in
+#      increasing global chunk order, starting from the empty state (merge_softmax_states).
+# A chunk is a pure function of its rows and its vocab range, so a vocab shard that starts on a
+# chunk boundary yields the same chunk states on any rank: the merge then sees the same sequence.
+
+
+@triton.jit
+def online_softmax_rows(x, m, s, t, WITH_ENTROPY: tl.constexpr):
+    """online_softmax_tile for a [rows, cols] fp32 tile: per-row states m, s, t of shape [rows]."""
+    m_new = tl.maximum(m, tl.max(x, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    d = x - shift[:, None]
+    e = tl.exp2(d * 1.4426950408889634)
+    alpha = tl.exp2((m - shift) * 1.4426950408889634)
+    if WITH_ENTROPY:
+        moved = tl.where(s > 0.0, (m - shift) * s, 0.0)
+        t = alpha * (t + moved) + tl.sum(tl.where(e > 0.0, e * d, 0.0), 1)
+    s = s * alpha + tl.sum(e, 1)
+    return m_new, s, t
+
+
+@triton.jit
+def merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
+    """Fold a chunk's state (m_c, s_c, t_c) into the running state (m, s, t). An empty chunk
+    (m_c = -inf, s_c = t_c = 0) leaves the state bitwise unchanged."""
+    m_new = tl.maximum(m, m_c)
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2((m - shift) * 1.4426950408889634)
+    beta = tl.exp2((m_c - shift) * 1.4426950408889634)
+    if WITH_ENTROPY:
+        t = alpha * (t + tl.where(s > 0.0, (m - shift) * s, 0.0)) \
+            + beta * (t_c + tl.where(s_c > 0.0, (m_c - shift) * s_c, 0.0))
+    s = s * alpha + s_c * beta
+    return m_new, s, t
+
+
+# ---- Sums of products along a row, and the row-block partition of dW (RMSNorm) ----
+# A row's hidden dim H is read in tiles of BLOCK_H = min(next_pow2(H), configs block_v):
+#   1. Lanes accumulate the tiles' products in increasing tile order (fold_products: lane k holds
+#      elements k, k + BLOCK_H, ...; one tile when H <= BLOCK_H), starting from 0.
+#   2. One tl.sum over the BLOCK_H lanes: the compiler's fixed tree for (BLOCK_H, num_warps).
+# RMSNorm's sum of squares (forward) and its row dot product sum_j (g w)_j xhat_j (backward) use it.
+# dW = sum over rows of g * xhat reduces ACROSS rows, on a partition that depends on nothing but the
+# row count N and two locked numbers (never the SM count, never atomics):
+#   3. Rows are cut into blocks of R consecutive rows (configs "rmsnorm_dw_rows"); the program of
+#      block b adds its rows' terms in increasing row order into an fp32 partial row P[b, :].
+#   4. The partials reduce like 1-2 with blocks for elements: lanes of a [BLOCK_B, columns] tile
+#      (BLOCK_B from configs "rmsnorm_dw_reduce") accumulate blocks b, b + BLOCK_B, ... in increasing
+#      order, then one tl.sum tree over the BLOCK_B lanes; dW is rounded to the weight's dtype once.
+# So dW is run-to-run deterministic for a given N, and bitwise equal for equal (rows, order).
+
+
+@triton.jit
+def fold_products(acc, a, b):
+    """Lane-wise fold of one fp32 tile's products a * b into acc (masked lanes hold a = 0)."""
+    return acc + a * b

@@ -1,0 +1,393 @@
+"""LM head + selected-token logp (and entropy) without materializing [tokens, vocab] logits.
+
+Forward, for a (vocab-sharded) weight W [V_local, H]:
+  1. `_chunk_stats_kernel`, grid (row blocks, canonical vocab chunks): a program computes its logits
+     tiles z = (hidden @ W_chunk^T + bias) / T with tl.dot (matmul.dot_tile's K order) and folds them
+     into per-row softmax states, written as stats [5, chunks, N]: max, sum, entropy term, the
+     target's z (0 where the chunk does not hold the target) and a hit count.
+  2. `_merge_kernel` folds the chunk states in increasing global chunk order (reduction.py). Under
+     tensor parallelism the ranks' stats are gathered first, in rank order = vocab order.
+Backward, chunk by chunk in increasing vocab order (the same canonical chunks):
+  d_logits = (g (onehot - p) - g_ent p (log p + entropy)) / T, recomputed from hidden and W, rounded
+  to the inputs' dtype (the one downcast of the backward) into a [N, chunk] buffer;
+  dW_chunk = d_logits^T @ hidden   (K = tokens, ascending: deterministic, not batch-invariant);
+  dH      += d_logits @ W_chunk    (fp32 accumulator, chunks added in increasing order; rows are
+                                    batch-invariant; under TP the accumulator travels rank to rank);
+  dbias_chunk = sum over row blocks, ascending, of the fp32 column sums of each block.
+Extra memory: stats (5 x chunks x N fp32), the [N, chunk] buffer and the fp32 [N, H] accumulator.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import configs
+from .._runtime import arch_of
+from .matmul import dot_tile, matmul_into, operand_flags
+from .reduction import merge_softmax_states, online_softmax_rows
+
+N_STATS = 5  # max, sum, entropy term, target z, hit count
+
+
+@triton.jit
+def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
+                 HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """z = (hidden[rm] @ W[cols]^T + bias[cols]) * (1 / T) in fp32; rows / cols out of range wrap."""
+    acc = dot_tile(x_ptr, stride_xn, 1, w_ptr, 1, stride_wv, rm % N, cols % V_local, H,
+                   BLOCK_K, EVEN_K, UPCAST, IEEE)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols % V_local).to(tl.float32)[None, :]
+    return acc * inv_t
+
+
+@triton.jit(do_not_specialize=["inv_t"])
+def _chunk_stats_kernel(
+    x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, target_local_ptr, stats_ptr,
+    N, H, V_local, n_chunks, inv_t,
+    HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    CHUNK_V: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    chunk = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rm < N
+    target = tl.load(target_local_ptr + rm, mask=row_ok, other=-1)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_M,), tl.float32)
+    t = tl.zeros((BLOCK_M,), tl.float32)
+    tz = tl.zeros((BLOCK_M,), tl.float32)
+    hit = tl.zeros((BLOCK_M,), tl.float32)
+    c0 = chunk * CHUNK_V
+    n_tiles = tl.cdiv(tl.minimum(CHUNK_V, V_local - c0), BLOCK_N)
+    for tile in range(0, n_tiles):  # the chunk's tiles in increasing vocab order
+        cols = c0 + tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
+                         HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
+        z = tl.where((cols < V_local)[None, :], z, float("-inf"))
+        m, s, t = online_softmax_rows(z, m, s, t, WITH_ENTROPY)
+        is_target = cols[None, :] == target[:, None]
+        tz += tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
+        hit += tl.sum(is_target.to(tl.float32), 1)
+    out = stats_ptr + chunk.to(tl.int64) * N + rm
+    plane = n_chunks.to(tl.int64) * N
+    tl.store(out, m, mask=row_ok)
+    tl.store(out + plane, s, mask=row_ok)
+    tl.store(out + 2 * plane, t, mask=row_ok)
+    tl.store(out + 3 * plane, tz, mask=row_ok)
+    tl.store(out + 4 * plane, hit, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["ignore_index"])
+def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
+                  N, n_chunks, ignore_index, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < N
+    m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK,), tl.float32)
+    t = tl.zeros((BLOCK,), tl.float32)
+    tz = tl.zeros((BLOCK,), tl.float32)
+    hit = tl.zeros((BLOCK,), tl.float32)
+    plane = n_chunks.to(tl.int64) * N
+    for c in range(0, n_chunks):  # increasing global chunk order
+        p = stats_ptr + c * N + rows
+        m_c = tl.load(p, mask=ok, other=float("-inf"))
+        s_c = tl.load(p + plane, mask=ok, other=0.0)
+        t_c = tl.load(p + 2 * plane, mask=ok, other=0.0)
+        m, s, t = merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY)
+        tz += tl.load(p + 3 * plane, mask=ok, other=0.0)
+        hit += tl.load(p + 4 * plane, mask=ok, other=0.0)
+    log_s = tl.log2(s) * 0.6931471805599453
+    logp = (tz - m) - log_s
+    logp = tl.where(hit == 1.0, logp, float("nan"))  # no (or a doubled) target: never silent
+    target = tl.load(target_ptr + rows, mask=ok, other=0)
+    logp = tl.where(target == ignore_index, 0.0, logp)
+    tl.store(logp_ptr + rows, logp, mask=ok)
+    tl.store(row_max_ptr + rows, m, mask=ok)
+    tl.store(row_logsum_ptr + rows, log_s, mask=ok)
+    if WITH_ENTROPY:
+        tl.store(entropy_ptr + rows, log_s - t / s, mask=ok)
+
+
+@triton.jit(do_not_specialize=["inv_t", "c0"])
+def _dlogits_kernel(
+    x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, target_local_ptr,
+    row_max_ptr, row_logsum_ptr, entropy_ptr, grad_logp_ptr, grad_entropy_ptr,
+    d_ptr, stride_dn, dbias_part_ptr, stride_pb,
+    N, H, V_local, c0, chunk_width, inv_t,
+    HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
+    cols = c0 + local
+    row_ok = rm < N
+    col_ok = local < chunk_width
+    z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
+                     HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
+    r = rm % N
+    log_p = (z - tl.load(row_max_ptr + r)[:, None]) - tl.load(row_logsum_ptr + r)[:, None]
+    p = tl.exp2(log_p * 1.4426950408889634)
+    g = tl.load(grad_logp_ptr + r)[:, None]  # zero on ignored rows (the launcher's job)
+    target = tl.load(target_local_ptr + r)
+    dz = tl.where(cols[None, :] == target[:, None], g, 0.0) - g * p
+    if WITH_ENTROPY_GRAD:
+        ge = tl.load(grad_entropy_ptr + r)[:, None]
+        ent = tl.load(entropy_ptr + r)[:, None]
+        dz -= ge * tl.where(p > 0.0, p * (log_p + ent), 0.0)
+    dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
+    tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
+             dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
+        tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
+
+
+@triton.jit
+def _dbias_kernel(part_ptr, stride_pb, n_blocks, out_ptr, width, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < width
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for b in range(0, n_blocks):  # row blocks in increasing order
+        acc += tl.load(part_ptr + b * stride_pb + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# ---- launchers ----
+
+def tile_config(kernel: str, hidden: torch.Tensor) -> configs.MatmulConfig:
+    return configs.lookup_matmul(kernel, arch_of(hidden.device), hidden.dtype)
+
+
+def chunk_count(V_local: int, chunk_v: int) -> int:
+    return triton.cdiv(V_local, chunk_v)
+
+
+def chunk_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
+    """The chunk states of this vocab shard: fp32 [5, chunks, N]."""
+    N, H = hidden.shape
+    V_local = weight.shape[0]
+    cfg = tile_config("linear_logp_fwd", hidden)
+    n_chunks = chunk_count(V_local, cfg.chunk_v)
+    stats = torch.empty((N_STATS, n_chunks, N), dtype=torch.float32, device=hidden.device)
+    if N == 0 or n_chunks == 0:
+        return stats
+    upcast, ieee = operand_flags(hidden.dtype)
+    _chunk_stats_kernel[(triton.cdiv(N, cfg.block_m), n_chunks)](
+        hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
+        target_local, stats, N, H, V_local, n_chunks, 1.0 / temperature,
+        HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
+        EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        CHUNK_V=cfg.chunk_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return stats
+
+
+MERGE_BLOCK = 128
+
+
+def merge(stats, target, ignore_index: int, with_entropy: bool):
+    """(logp, entropy, row_max, row_logsum) fp32 [N] from chunk states [5, chunks, N] in vocab order."""
+    n_chunks, N = stats.shape[1], stats.shape[2]
+    dev = stats.device
+    logp, row_max, row_logsum = (torch.empty(N, dtype=torch.float32, device=dev) for _ in range(3))
+    entropy = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
+    if N:
+        _merge_kernel[(triton.cdiv(N, MERGE_BLOCK),)](
+            stats, target, logp, entropy if with_entropy else logp, row_max, row_logsum,
+            N, n_chunks, ignore_index, WITH_ENTROPY=with_entropy, BLOCK=MERGE_BLOCK, num_warps=4,
+        )
+    return logp, entropy, row_max, row_logsum
+
+
+def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local, row_max, row_logsum,
+                    entropy, temperature: float, acc_in: Optional[torch.Tensor], final: bool):
+    """This shard's part of the backward.
+
+    grad_logp must already be zero on ignored rows. acc_in: the fp32 d hidden accumulated over the
+    vocab before this shard (None: this shard starts the vocab). Returns (d hidden, d weight,
+    d bias): d hidden in hidden's dtype when `final`, else the fp32 accumulator for the next shard.
+    """
+    N, H = hidden.shape
+    V_local = weight.shape[0]
+    dev, dt = hidden.device, hidden.dtype
+    cfg = tile_config("linear_logp_dlogits", hidden)
+    C = cfg.chunk_v
+    grad_weight = torch.empty_like(weight)
+    grad_bias = torch.empty_like(bias) if bias is not None else None
+    n_chunks = chunk_count(V_local, C) if N else 0
+    if n_chunks == 0:  # nothing of this shard touches d hidden
+        if N == 0 or V_local == 0:
+            grad_weight.zero_()
+            if grad_bias is not None:
+                grad_bias.zero_()
+        acc = acc_in if acc_in is not None else torch.zeros((N, H), dtype=torch.float32, device=dev)
+        return (acc.to(dt) if final else acc), grad_weight, grad_bias
+    d_logits = torch.empty((N, min(C, V_local)), dtype=dt, device=dev)
+    n_row_blocks = triton.cdiv(N, cfg.block_m)
+    dbias_part = (torch.empty((n_row_blocks, d_logits.shape[1]), dtype=torch.float32, device=dev)
+                  if bias is not None else row_max)
+    with_h = grad_entropy is not None
+    upcast, ieee = operand_flags(dt)
+    mm_cfg = configs.lookup_matmul("matmul", arch_of(dev), dt)
+    acc = acc_in
+    for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
+        c0 = c * C
+        width = min(C, V_local - c0)
+        _dlogits_kernel[(n_row_blocks, triton.cdiv(width, cfg.block_n))](
+            hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
+            target_local, row_max, row_logsum, entropy if with_h else row_max,
+            grad_logp, grad_entropy if with_h else grad_logp,
+            d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
+            N, H, V_local, c0, width, 1.0 / temperature,
+            HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
+            EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        d = d_logits[:, :width]
+        matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
+        last = c == n_chunks - 1
+        if last and final:
+            out = torch.empty((N, H), dtype=dt, device=dev)
+        elif acc is None:
+            out = torch.empty((N, H), dtype=torch.float32, device=dev)
+        else:
+            out = acc  # in place: each tile is read and written by one program
+        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=mm_cfg)
+        acc = out
+        if bias is not None:
+            _dbias_kernel[(triton.cdiv(width, 1024),)](
+                dbias_part, dbias_part.stride(0), n_row_blocks, grad_bias[c0:c0 + width], width,
+                BLOCK=1024, num_warps=4,
+            )
+    return acc, grad_weight, grad_bias
+
+
+def local_targets(target, vocab_start: int, V_local: int, ignore_index: int):
+    """Global target ids -> this shard's column, or -1 where the shard does not hold the target."""
+    local = target.to(torch.int64) - vocab_start
+    held = (target != ignore_index) & (local >= 0) & (local < V_local)
+    return torch.where(held, local, -1).to(torch.int32).contiguous()
+
+
+def _grad_logp_or_zero(grad_logp, target, ignore_index, like):
+    g = torch.zeros_like(like) if grad_logp is None else grad_logp.to(torch.float32)
+    return torch.where(target == ignore_index, 0.0, g).contiguous()
+
+
+# ---- one shard (no tensor parallelism): torch.library custom ops ----
+
+@torch.library.custom_op("rlk_triton::linear_logp_fwd", mutates_args=())
+def linear_logp_fwd(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+    temperature: float, ignore_index: int, with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    target_local = local_targets(target, 0, weight.shape[0], ignore_index)
+    stats = chunk_stats(hidden, weight, bias, target_local, temperature, with_entropy)
+    return merge(stats, target, ignore_index, with_entropy)
+
+
+@linear_logp_fwd.register_fake
+def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy):
+    n = hidden.shape[0]
+    f = lambda k: hidden.new_empty(k, dtype=torch.float32)  # noqa: E731
+    return f(n), f(n if with_entropy else 0), f(n), f(n)
+
+
+@torch.library.custom_op("rlk_triton::linear_logp_bwd", mutates_args=())
+def linear_logp_bwd(
+    grad_logp: torch.Tensor, grad_entropy: Optional[torch.Tensor], hidden: torch.Tensor,
+    weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor, row_max: torch.Tensor,
+    row_logsum: torch.Tensor, entropy: torch.Tensor, temperature: float, ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target_local = local_targets(target, 0, weight.shape[0], ignore_index)
+    dh, dw, db = backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local, row_max,
+                                 row_logsum, entropy, temperature, acc_in=None, final=True)
+    return dh, dw, (db if db is not None else weight.new_empty(0))
+
+
+@linear_logp_bwd.register_fake
+def _(grad_logp, grad_entropy, hidden, weight, bias, *rest):
+    return (torch.empty_like(hidden), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, bias, target, temperature, ignore_index, with_entropy = inputs
+    _, entropy, row_max, row_logsum = output
+    ctx.save_for_backward(hidden, weight, bias, target, row_max, row_logsum, entropy)
+    ctx.temperature, ctx.ignore_index = temperature, ignore_index
+
+
+def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+    hidden, weight, bias, target, row_max, row_logsum, entropy = ctx.saved_tensors
+    g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
+    ge = grad_entropy.contiguous() if grad_entropy is not None and grad_entropy.numel() else None
+    dh, dw, db = linear_logp_bwd(g, ge, hidden, weight, bias, target, row_max, row_logsum, entropy,
+                                 ctx.temperature, ctx.ignore_index)
+    return dh, dw, (db if bias is not None else None), None, None, None, None
+
+
+linear_logp_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- vocab-parallel shards (tensor parallelism) ----
+
+def gather_stats(stats: torch.Tensor, group) -> torch.Tensor:
+    """All ranks' chunk states [5, chunks, N], concatenated in rank order (= vocab order)."""
+    import torch.distributed as dist
+
+    k = dist.get_world_size(group)
+    counts = [torch.zeros(1, dtype=torch.int64, device=stats.device) for _ in range(k)]
+    dist.all_gather(counts, torch.tensor([stats.shape[1]], dtype=torch.int64, device=stats.device), group=group)
+    counts = [int(c) for c in counts]
+    padded = stats.new_zeros((N_STATS, max(counts), stats.shape[2]))
+    padded[:, :stats.shape[1]] = stats
+    parts = [torch.empty_like(padded) for _ in range(k)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:, :n] for p, n in zip(parts, counts)], dim=1).contiguous()
+
+
+class LinearLogpTP(torch.autograd.Function):
+    """linear_logp over a vocab shard of a process group; see docs/linear_logp.md for the TP rule."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, temperature, ignore_index, with_entropy, group,
+                vocab_start):
+        target_local = local_targets(target, vocab_start, weight.shape[0], ignore_index)
+        stats = chunk_stats(hidden, weight, bias, target_local, temperature, with_entropy)
+        logp, entropy, row_max, row_logsum = merge(gather_stats(stats, group), target, ignore_index,
+                                                   with_entropy)
+        ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy)
+        ctx.temperature, ctx.ignore_index, ctx.group = temperature, ignore_index, group
+        ctx.mark_non_differentiable(row_max, row_logsum)
+        return logp, entropy, row_max, row_logsum
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+        import torch.distributed as dist
+
+        hidden, weight, bias, target, target_local, row_max, row_logsum, entropy = ctx.saved_tensors
+        group = ctx.group
+        rank, k = dist.get_rank(group), dist.get_world_size(group)
+        g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
+        ge = grad_entropy.contiguous() if grad_entropy is not None and grad_entropy.numel() else None
+        # d hidden accumulates over the vocab in increasing chunk order: rank r continues the sum
+        # of ranks 0..r-1, so the sequence of additions is the single-shard one.
+        acc_in = None
+        if rank > 0:
+            acc_in = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+            dist.recv(acc_in, src=dist.get_global_rank(group, rank - 1), group=group)
+        last = rank == k - 1
+        out, dw, db = backward_chunks(g, ge, hidden, weight, bias, target_local, row_max, row_logsum,
+                                      entropy, ctx.temperature, acc_in=acc_in, final=last)
+        if not last:
+            dist.send(out, dst=dist.get_global_rank(group, rank + 1), group=group)
+            out = torch.empty_like(hidden)
+        dist.broadcast(out, src=dist.get_global_rank(group, k - 1), group=group)
+        return out, dw, db, None, None, None, None, None, None
