@@ -63,11 +63,11 @@ def sweep(h, w, t, gr):
     tl_local = op.local_targets(t, 0, V, -100)
     # forward chunk states
     for c in cands:
-        cfg = MatmulConfig(c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, chunk_v=4096)
+        cfg = c
         set_cfg("linear_logp_fwd", cfg)
         try:
-            ms = bench.median_ms(lambda: op.chunk_stats(h, w, None, tl_local, 1.0, False))
-            ms_e = bench.median_ms(lambda: op.chunk_stats(h, w, None, tl_local, 1.0, True))
+            ms = bench.median_ms(lambda: op.tile_stats(h, w, None, tl_local, 1.0, False))
+            ms_e = bench.median_ms(lambda: op.tile_stats(h, w, None, tl_local, 1.0, True))
             tflops = 2 * N * H * V / ms / 1e9
             row = {"kernel": "linear_logp_fwd", "cfg": cfg.__dict__, "ms": ms, "ms_entropy": ms_e, "tflops": tflops}
         except Exception as ex:  # noqa: BLE001
@@ -78,7 +78,7 @@ def sweep(h, w, t, gr):
             best["linear_logp_fwd"] = (row["ms"], cfg)
     set_cfg("linear_logp_fwd", best["linear_logp_fwd"][1])
     # backward pieces on one chunk: d logits, d weight, d hidden
-    logp, ent, m, ls = op.merge(op.chunk_stats(h, w, None, tl_local, 1.0, True), t, -100, True)
+    logp, ent, m, ls = op.merge(op.tile_stats(h, w, None, tl_local, 1.0, True), t, -100, True)
     C = 4096
     d = torch.empty(N, C, dtype=DT, device="cuda")
     upcast, ieee = False, False
@@ -86,11 +86,11 @@ def sweep(h, w, t, gr):
         cfg = MatmulConfig(c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, chunk_v=C)
         try:
             def dl():
-                op._dlogits_kernel[(triton.cdiv(N, cfg.block_m), triton.cdiv(C, cfg.block_n))](
+                op._dlogits_kernel[(triton.cdiv(N, cfg.block_m) * triton.cdiv(C, cfg.block_n),)](
                     h, h.stride(0), w, w.stride(0), w, tl_local, m, ls, ent, gr, gr, d, d.stride(0), m, 0,
                     N, H, V, 0, C, 1.0, HAS_BIAS=False, WITH_ENTROPY_GRAD=True, UPCAST=upcast, IEEE=ieee,
                     EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                    GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             ms = bench.median_ms(dl)
             row = {"kernel": "linear_logp_dlogits", "cfg": cfg.__dict__, "ms_per_chunk": ms,
                    "tflops": 2 * N * H * C / ms / 1e9}

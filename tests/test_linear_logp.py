@@ -17,7 +17,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _chunk(device, dtype):
-    return configs.lookup_matmul("linear_logp_fwd", arch_of(torch.device(device)), dtype).chunk_v
+    return configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device(device)), dtype).chunk_v
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -155,7 +155,7 @@ def test_temperature_change_does_not_recompile():
 
     hidden, weight, _, targets = build_linear_case(LinearCase(64, 256, 5000, torch.bfloat16), "cuda")
     linear_logp(hidden, weight, targets, temperature=1.0)
-    before = len(op._chunk_stats_kernel.device_caches[0][0])
+    before = len(op._tile_stats_kernel.device_caches[0][0])
     for t in (0.5, 0.7, 1.3):
         linear_logp(hidden, weight, targets, temperature=t)
-    assert len(op._chunk_stats_kernel.device_caches[0][0]) == before
+    assert len(op._tile_stats_kernel.device_caches[0][0]) == before

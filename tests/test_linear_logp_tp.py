@@ -19,7 +19,7 @@ N, H = 13, 40
 
 
 def _chunk():
-    return configs.lookup_matmul("linear_logp_fwd", arch_of(torch.device("cpu")), torch.float32).chunk_v
+    return configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device("cpu")), torch.float32).chunk_v
 
 
 def _inputs(dtype, V):

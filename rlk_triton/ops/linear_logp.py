@@ -1,20 +1,21 @@
 """LM head + selected-token logp (and entropy) without materializing [tokens, vocab] logits.
 
 Forward, for a (vocab-sharded) weight W [V_local, H]:
-  1. `_chunk_stats_kernel`, grid (row blocks, canonical vocab chunks): a program computes its logits
-     tiles z = (hidden @ W_chunk^T + bias) / T with tl.dot (matmul.dot_tile's K order) and folds them
-     into per-row softmax states, written as stats [5, chunks, N]: max, sum, entropy term, the
-     target's z (0 where the chunk does not hold the target) and a hit count.
-  2. `_merge_kernel` folds the chunk states in increasing global chunk order (reduction.py). Under
+  1. `_tile_stats_kernel`, one program per (row block, block_n vocab tile) in the grouped GEMM
+     order: it computes z = (hidden @ W_tile^T + bias) / T with tl.dot (matmul.dot_tile's K order)
+     and writes the tile's per-row softmax state as stats [5, tiles, N]: max, sum, entropy term, the
+     target's z (0 where the tile does not hold the target) and a hit count.
+  2. `_merge_kernel` folds the tile states in increasing global vocab order (reduction.py). Under
      tensor parallelism the ranks' stats are gathered first, in rank order = vocab order.
-Backward, chunk by chunk in increasing vocab order (the same canonical chunks):
+Backward, chunk by chunk (configs chunk_v, a multiple of the forward's block_n) in vocab order:
   d_logits = (g (onehot - p) - g_ent p (log p + entropy)) / T, recomputed from hidden and W, rounded
   to the inputs' dtype (the one downcast of the backward) into a [N, chunk] buffer;
   dW_chunk = d_logits^T @ hidden   (K = tokens, ascending: deterministic, not batch-invariant);
   dH      += d_logits @ W_chunk    (fp32 accumulator, chunks added in increasing order; rows are
                                     batch-invariant; under TP the accumulator travels rank to rank);
   dbias_chunk = sum over row blocks, ascending, of the fp32 column sums of each block.
-Extra memory: stats (5 x chunks x N fp32), the [N, chunk] buffer and the fp32 [N, H] accumulator.
+Extra memory: forward stats (5 x tiles x N fp32, freed after the merge); backward the [N, chunk_v]
+buffer and the fp32 [N, H] accumulator.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import dot_tile, matmul_into, operand_flags
+from .matmul import dot_tile, grouped_tile, matmul_into, operand_flags
 from .reduction import merge_softmax_states, online_softmax_rows
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
@@ -45,36 +46,31 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_lo
 
 
 @triton.jit(do_not_specialize=["inv_t"])
-def _chunk_stats_kernel(
+def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, target_local_ptr, stats_ptr,
-    N, H, V_local, n_chunks, inv_t,
+    N, H, V_local, n_tiles, inv_t,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    CHUNK_V: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    chunk = tl.program_id(1)
+    # One program per (row block, vocab tile), in matmul's grouped order: the logits GEMM's L2
+    # reuse, with the softmax state of the tile as its epilogue.
+    pid_m, tile = grouped_tile(tl.program_id(0), N, V_local, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rm < N
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
+                     HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
+    z = tl.where((cols < V_local)[None, :], z, float("-inf"))
+    m, s, t = online_softmax_rows(z, tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                                  tl.zeros((BLOCK_M,), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
+                                  WITH_ENTROPY)
     target = tl.load(target_local_ptr + rm, mask=row_ok, other=-1)
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    s = tl.zeros((BLOCK_M,), tl.float32)
-    t = tl.zeros((BLOCK_M,), tl.float32)
-    tz = tl.zeros((BLOCK_M,), tl.float32)
-    hit = tl.zeros((BLOCK_M,), tl.float32)
-    c0 = chunk * CHUNK_V
-    n_tiles = tl.cdiv(tl.minimum(CHUNK_V, V_local - c0), BLOCK_N)
-    for tile in range(0, n_tiles):  # the chunk's tiles in increasing vocab order
-        cols = c0 + tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
-                         HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
-        z = tl.where((cols < V_local)[None, :], z, float("-inf"))
-        m, s, t = online_softmax_rows(z, m, s, t, WITH_ENTROPY)
-        is_target = cols[None, :] == target[:, None]
-        tz += tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
-        hit += tl.sum(is_target.to(tl.float32), 1)
-    out = stats_ptr + chunk.to(tl.int64) * N + rm
-    plane = n_chunks.to(tl.int64) * N
+    is_target = cols[None, :] == target[:, None]
+    tz = tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
+    hit = tl.sum(is_target.to(tl.float32), 1)
+    out = stats_ptr + tile.to(tl.int64) * N + rm
+    plane = n_tiles.to(tl.int64) * N
     tl.store(out, m, mask=row_ok)
     tl.store(out + plane, s, mask=row_ok)
     tl.store(out + 2 * plane, t, mask=row_ok)
@@ -93,7 +89,7 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
     tz = tl.zeros((BLOCK,), tl.float32)
     hit = tl.zeros((BLOCK,), tl.float32)
     plane = n_chunks.to(tl.int64) * N
-    for c in range(0, n_chunks):  # increasing global chunk order
+    for c in range(0, n_chunks):  # increasing global vocab-tile order
         p = stats_ptr + c * N + rows
         m_c = tl.load(p, mask=ok, other=float("-inf"))
         s_c = tl.load(p + plane, mask=ok, other=0.0)
@@ -121,9 +117,9 @@ def _dlogits_kernel(
     N, H, V_local, c0, chunk_width, inv_t,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
     cols = c0 + local
@@ -168,22 +164,22 @@ def chunk_count(V_local: int, chunk_v: int) -> int:
     return triton.cdiv(V_local, chunk_v)
 
 
-def chunk_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
-    """The chunk states of this vocab shard: fp32 [5, chunks, N]."""
+def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
+    """The softmax states of this vocab shard's block_n tiles, in vocab order: fp32 [5, tiles, N]."""
     N, H = hidden.shape
     V_local = weight.shape[0]
     cfg = tile_config("linear_logp_fwd", hidden)
-    n_chunks = chunk_count(V_local, cfg.chunk_v)
-    stats = torch.empty((N_STATS, n_chunks, N), dtype=torch.float32, device=hidden.device)
-    if N == 0 or n_chunks == 0:
+    n_tiles = triton.cdiv(V_local, cfg.block_n)
+    stats = torch.empty((N_STATS, n_tiles, N), dtype=torch.float32, device=hidden.device)
+    if N == 0 or n_tiles == 0:
         return stats
     upcast, ieee = operand_flags(hidden.dtype)
-    _chunk_stats_kernel[(triton.cdiv(N, cfg.block_m), n_chunks)](
+    _tile_stats_kernel[(triton.cdiv(N, cfg.block_m) * n_tiles,)](
         hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
-        target_local, stats, N, H, V_local, n_chunks, 1.0 / temperature,
+        target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature,
         HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
         EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        CHUNK_V=cfg.chunk_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return stats
 
@@ -192,7 +188,7 @@ MERGE_BLOCK = 128
 
 
 def merge(stats, target, ignore_index: int, with_entropy: bool):
-    """(logp, entropy, row_max, row_logsum) fp32 [N] from chunk states [5, chunks, N] in vocab order."""
+    """(logp, entropy, row_max, row_logsum) fp32 [N] from tile states [5, tiles, N] in vocab order."""
     n_chunks, N = stats.shape[1], stats.shape[2]
     dev = stats.device
     logp, row_max, row_logsum = (torch.empty(N, dtype=torch.float32, device=dev) for _ in range(3))
@@ -239,7 +235,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
         c0 = c * C
         width = min(C, V_local - c0)
-        _dlogits_kernel[(n_row_blocks, triton.cdiv(width, cfg.block_n))](
+        _dlogits_kernel[(n_row_blocks * triton.cdiv(width, cfg.block_n),)](
             hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
             target_local, row_max, row_logsum, entropy if with_h else row_max,
             grad_logp, grad_entropy if with_h else grad_logp,
@@ -247,7 +243,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             N, H, V_local, c0, width, 1.0 / temperature,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
@@ -288,7 +284,7 @@ def linear_logp_fwd(
     temperature: float, ignore_index: int, with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     target_local = local_targets(target, 0, weight.shape[0], ignore_index)
-    stats = chunk_stats(hidden, weight, bias, target_local, temperature, with_entropy)
+    stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy)
     return merge(stats, target, ignore_index, with_entropy)
 
 
@@ -339,7 +335,7 @@ linear_logp_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---- vocab-parallel shards (tensor parallelism) ----
 
 def gather_stats(stats: torch.Tensor, group) -> torch.Tensor:
-    """All ranks' chunk states [5, chunks, N], concatenated in rank order (= vocab order)."""
+    """All ranks' tile states [5, tiles, N], concatenated in rank order (= vocab order)."""
     import torch.distributed as dist
 
     k = dist.get_world_size(group)
@@ -360,7 +356,7 @@ class LinearLogpTP(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, target, temperature, ignore_index, with_entropy, group,
                 vocab_start):
         target_local = local_targets(target, vocab_start, weight.shape[0], ignore_index)
-        stats = chunk_stats(hidden, weight, bias, target_local, temperature, with_entropy)
+        stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy)
         logp, entropy, row_max, row_logsum = merge(gather_stats(stats, group), target, ignore_index,
                                                    with_entropy)
         ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy)
