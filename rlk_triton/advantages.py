@@ -18,21 +18,26 @@ from typing import Optional
 import torch
 
 from .errors import DeviceError, DTypeError, InputError, ShapeError
-from .logp import _INTERPRETED
+from .losses import BACKENDS, _check_backend
+from .losses import _check_device as _check_tensor_device
 from .ops import advantages as _ops
+from .ops import rl_torch as _torch_reference
 
 GROUP_MODES = tuple(_ops.MODES)
 
-__all__ = ["gae", "group_advantages", "reinforce_pp_baseline", "GROUP_MODES"]
+__all__ = ["gae", "group_advantages", "reinforce_pp_baseline", "GROUP_MODES", "BACKENDS"]
 
 
-def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_values=None):
+def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_values=None, backend: str = "triton"):
     """Generalized advantage estimation over the active tokens of each row.
 
     rewards, values: float32 [B, T]; mask: bool / 0-1 [B, T] (None: all active). Masked tokens are
     transparent and get 0. bootstrap_values: [B], the value past each row's last active token
     (None: 0, a finished sequence). Returns (advantages, returns) float32 [B, T].
+    backend: "triton" (the scan kernel) or "torch_reference" (float64 torch, a reverse loop over
+    time, rounded once: any device, slow, same contract).
     """
+    _check_backend(backend)
     _float2("rewards", rewards)
     _float2("values", values, like=rewards)
     for name, x in (("gamma", gamma), ("lam", lam)):
@@ -44,40 +49,56 @@ def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_value
         boot = torch.zeros(B, dtype=torch.float32, device=rewards.device)
     else:
         boot = _vector("bootstrap_values", bootstrap_values, B, rewards.device)
-    _check_device(rewards)
-    return _ops.launch_gae(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
+    _check_tensor_device("rewards", rewards, backend)
+    launch = _torch_reference.gae if backend == "torch_reference" else _ops.launch_gae
+    return launch(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
 
 
 def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_std", valid=None,
-                     eps: float = 1e-6):
+                     eps: float = 1e-6, validate: bool = True, backend: str = "triton"):
     """Per-sequence advantages normalized within explicit groups (GRPO: the samples of one prompt).
 
     scores: float32 [B]; group_ids: int [B] in [0, num_groups); valid: bool [B] (None: all).
     mode: "mean" (s - mean), "mean_std" ((s - mean) / (std + eps), unbiased std as torch.std),
     "rloo" (s - mean of the other members). A group with one valid member, and every invalid row,
     gets 0: never NaN. Returns float32 [B].
+    validate: check on the host that group_ids lie in [0, num_groups) (and that a floating-point
+        `valid` holds only 0 / 1). It costs a device sync per call; with validate=False nothing is
+        checked on the host: a row whose group id is out of range is treated as invalid (it gets 0
+        and joins no group), and a floating-point `valid` counts nonzero as valid.
+    backend: "triton" (the kernels) or "torch_reference" (float64 torch, rounded once: any device,
+        slow, same contract; it syncs once to size its [groups, members] matrix).
     """
+    _check_backend(backend)
     if mode not in GROUP_MODES:
         raise InputError("mode", f"{mode!r} is not one of {', '.join(GROUP_MODES)}")
-    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid)
+    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid, validate, backend)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise InputError("eps", f"must be a finite number >= 0, got {eps!r}")
+    if backend == "torch_reference":
+        return _torch_reference.group_advantages(s, g, ok, num_groups, mode, eps)
     return _ops.launch_group_advantages(s, g, ok, num_groups, mode, eps)[0]
 
 
 def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=None, eps: float = 1e-6,
-                          token_mean: Optional[float] = None, token_std: Optional[float] = None):
+                          token_mean: Optional[float] = None, token_std: Optional[float] = None,
+                          validate: bool = True, backend: str = "triton"):
     """REINFORCE++ with a group baseline: a_i = s_i - mean of its group, broadcast to the active
     tokens of sequence i, then whitened over all active tokens: (a - mean) / (std + eps).
 
     The whitening statistics are batch-level: by default over this batch's active tokens (float64,
     unbiased std); a framework that normalizes globally (across ranks) passes token_mean and
-    token_std. Returns float32 [B, T], 0 on masked tokens.
+    token_std. Returns float32 [B, T], 0 on masked tokens. validate and backend as in
+    group_advantages (the torch reference keeps the baseline in float64 until the one rounding).
     """
-    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid)
+    _check_backend(backend)
+    s, g, ok = _group_inputs(scores, group_ids, num_groups, valid, validate, backend)
     m = _mask("mask", mask, (s.shape[0], mask.shape[-1] if torch.is_tensor(mask) and mask.dim() == 2 else -1),
-              s.device)
-    a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0)[0]
+              s.device, validate)
+    if backend == "torch_reference":
+        a = _torch_reference.group_advantages64(s, g, ok, num_groups, "mean", 0.0)
+    else:
+        a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0)[0]
     tokens = (m != 0) & (ok != 0)[:, None]
     if (token_mean is None) != (token_std is None):
         raise InputError("token_std" if token_std is None else "token_mean",
@@ -94,11 +115,6 @@ def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=Non
 
 # ---- validation ----
 
-def _check_device(x):
-    if x.device.type == "cpu" and not _INTERPRETED:
-        raise DeviceError("rewards", "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
-                          "before importing rlk_triton, or move to CUDA")
-
 
 def _float2(name, x, like=None):
     if not torch.is_tensor(x) or not x.is_floating_point():
@@ -112,10 +128,12 @@ def _float2(name, x, like=None):
             raise DeviceError(name, f"on {x.device}, rewards on {like.device}")
 
 
-def _mask(name, mask, shape, device):
+def _mask(name, mask, shape, device, validate=True):
     if mask is None:
         return torch.ones(shape, dtype=torch.uint8, device=device)
-    if not torch.is_tensor(mask) or mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
+    if not torch.is_tensor(mask):
+        raise DTypeError(name, "must be a bool or 0/1 tensor")
+    if validate and mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):  # host sync
         raise DTypeError(name, "must be a bool or 0/1 tensor")
     if tuple(mask.shape) != tuple(shape):
         raise ShapeError(name, f"shape {tuple(mask.shape)} != {tuple(shape)}")
@@ -134,7 +152,8 @@ def _vector(name, x, n, device):
     return x.float().contiguous()
 
 
-def _group_inputs(scores, group_ids, num_groups, valid):
+def _group_inputs(scores, group_ids, num_groups, valid, validate=True, backend="triton"):
+    """(scores fp32, group ids int32, valid uint8); with validate=False out-of-range ids become invalid rows."""
     if not torch.is_tensor(scores) or not scores.is_floating_point() or scores.dim() != 1:
         raise DTypeError("scores", "must be a 1-D floating-point tensor [B]")
     if not torch.is_tensor(group_ids) or group_ids.dtype not in (torch.int32, torch.int64):
@@ -145,8 +164,11 @@ def _group_inputs(scores, group_ids, num_groups, valid):
         raise DeviceError("group_ids", f"on {group_ids.device}, scores on {scores.device}")
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise InputError("num_groups", f"must be an int >= 0, got {num_groups!r}")
-    if group_ids.numel() and bool(((group_ids < 0) | (group_ids >= num_groups)).any()):
+    _check_tensor_device("scores", scores, backend)
+    outside = (group_ids < 0) | (group_ids >= num_groups)
+    if validate and group_ids.numel() and bool(outside.any()):  # the host sync of validation
         raise InputError("group_ids", f"ids must lie in [0, num_groups={num_groups})")
-    _check_device(scores)
-    ok = _mask("valid", valid, scores.shape, scores.device)
+    ok = _mask("valid", valid, scores.shape, scores.device, validate)
+    if not validate:
+        ok = ok * (~outside).to(torch.uint8)  # an out-of-range id: an invalid row, no sync
     return scores.float().contiguous(), group_ids.to(torch.int32).contiguous(), ok

@@ -17,9 +17,10 @@ from typing import Optional, Union
 import torch
 
 from ._runtime import interpreter_active
-from .errors import DeviceError, DTypeError, InputError, ShapeError
+from .errors import BackendError, DeviceError, DTypeError, InputError, ShapeError
 from .ops import gspo as _gspo
 from .ops import rl_losses as _op
+from .ops import rl_torch as _torch_reference
 
 LOSS_TYPES = ("ppo", "grpo", "dapo", "dr_grpo", "cispo")
 AGGREGATIONS = tuple(_op.AGGREGATIONS)
@@ -35,6 +36,9 @@ USUAL_AGGREGATION = {
     "cispo": "token-mean",
 }
 MAX_T = 2**24  # per-row token counts are kept in fp32
+# Backend ids of these ops and of rlk_triton.advantages' (rlk_triton.registry describes them;
+# rlk_triton.policy chooses): the Triton kernels, or float64 torch (rlk_triton/ops/rl_torch.py).
+BACKENDS = ("triton", "torch_reference")
 
 _INTERPRETED = interpreter_active()
 
@@ -52,6 +56,7 @@ def ratio_kl(
     mask: Optional[torch.Tensor] = None,
     kl_estimator: str = "k3",
     log_ratio_clamp: Optional[float] = None,
+    backend: str = "triton",
 ):
     """Per-token (log_ratio, ratio, kl), fp32 [B, T].
 
@@ -59,9 +64,10 @@ def ratio_kl(
     bounds); ratio = exp(log_ratio); kl = the estimator of KL(current || ref) with d = logp - ref_logp:
     k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (unbiased, low variance, >= 0). kl is None without ref_logp.
     Masked tokens (mask == 0) give exact 0 in all three outputs and no gradient. Differentiable w.r.t.
-    logp only.
+    logp only. backend: "triton" (the kernels) or "torch_reference" (float64 torch, rounded once to
+    fp32: runs on any device, slow, same contract); rlk_triton.policy.resolve chooses one.
     """
-    _check_logp(logp)
+    _check_logp(logp, backend)
     _check_like("old_logp", old_logp, logp)
     if ref_logp is not None:
         _check_like("ref_logp", ref_logp, logp)
@@ -69,7 +75,8 @@ def ratio_kl(
     _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     if log_ratio_clamp is not None:
         log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
-    log_ratio, ratio, kl = _op.ratio_kl_fwd(
+    fwd = _torch_reference.ratio_kl if backend == "torch_reference" else _op.ratio_kl_fwd
+    log_ratio, ratio, kl = fwd(
         logp.contiguous(), old_logp.contiguous(), None if ref_logp is None else ref_logp.contiguous(),
         mask_u8, kl_estimator, log_ratio_clamp,
     )
@@ -96,6 +103,7 @@ def policy_loss(
     rollout_logp: Optional[torch.Tensor] = None,
     tis_cap: Optional[float] = None,
     tis_mode: str = "truncate",
+    backend: str = "triton",
 ):
     """The clipped policy-gradient loss and its relatives, fused: (loss, per_token_loss, diagnostics).
 
@@ -118,6 +126,8 @@ def policy_loss(
             sum / normalizer (required: Dr. GRPO's constant). A zero denominator gives loss 0.
         normalizer: the global denominator the framework owns (a positive number, or a 1-element
             tensor on logp's device, read on the device without a host sync).
+        backend: "triton" (the kernels) or "torch_reference" (float64 torch, rounded once: any
+            device, slow, same contract).
 
     Returns:
         loss (fp32 0-dim), per_token_loss (fp32 [B, T], 0 on inactive tokens), diagnostics: dict of
@@ -125,7 +135,7 @@ def policy_loss(
         ratio_max over the active tokens, all 0 when no token is active. Differentiable w.r.t. logp and,
         when entropy_coef != 0, entropy.
     """
-    _check_logp(logp)
+    _check_logp(logp, backend)
     _check_like("old_logp", old_logp, logp)
     _check_advantages(advantages, logp)
     mask_u8 = _check_mask(mask, logp)
@@ -160,7 +170,8 @@ def policy_loss(
     norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp)
 
     c = lambda x: None if x is None else x.contiguous()  # noqa: E731
-    loss, per_token, diag, _row_weight = _op.policy_loss_fwd(
+    fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
+    loss, per_token, diag, *_row_weight = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8,
         c(ref_logp) if kl_coef != 0.0 else None, c(entropy) if entropy_coef != 0.0 else None, c(rollout_logp),
         norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c, kl_coef,
@@ -179,6 +190,7 @@ def gspo_loss(
     eps_low: float = 3e-4,
     eps_high: Optional[float] = 4e-4,
     normalizer: Optional[float] = None,
+    backend: str = "triton",
 ):
     """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean over the sequence's
     active tokens of (logp - old_logp)). (loss, sequence_loss, diagnostics).
@@ -191,8 +203,9 @@ def gspo_loss(
     fp32 0-dim loss, the fp32 [B] per-sequence terms l_i (0 for a sequence with no active token), and
     diagnostics over those sequences: clipfrac, ratio_mean, ratio_min, ratio_max (0 when none).
     Differentiable w.r.t. logp: d l_i / d logp_t = (-A_i or 0 when clipped) * s_i / n_i.
+    backend: "triton" or "torch_reference" (float64 torch, rounded once), as in policy_loss.
     """
-    _check_logp(logp)
+    _check_logp(logp, backend)
     _check_like("old_logp", old_logp, logp)
     mask_u8 = _check_mask(mask, logp)
     if not torch.is_tensor(advantages) or advantages.dtype != torch.float32:
@@ -204,7 +217,8 @@ def gspo_loss(
     eps_low, eps_high = _clip_range(eps_low, eps_high)
     if normalizer is not None:
         normalizer = _positive("normalizer", normalizer)
-    loss, seq_loss, diag, _w, _coef = _gspo.gspo_loss_fwd(
+    fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.gspo_loss_fwd
+    loss, seq_loss, diag, *_w_coef = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, 1.0 - eps_low,
         1.0 + eps_high, normalizer)
     diag = diag.detach()
@@ -224,7 +238,23 @@ def _clip_range(eps_low, eps_high) -> tuple[float, float]:
     return eps_low, eps_high
 
 
-def _check_logp(logp):
+def _check_backend(backend):
+    if backend not in BACKENDS:
+        raise BackendError("backend", f"unknown backend {backend!r} (have: {', '.join(BACKENDS)})")
+
+
+def _check_device(name, x, backend):
+    """Triton runs on CUDA, or on CPU under the interpreter; the torch reference on CUDA or CPU."""
+    if x.device.type == "cpu":
+        if backend == "triton" and not _INTERPRETED:
+            raise DeviceError(name, "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
+                              "before importing rlk_triton, or move to CUDA")
+    elif x.device.type != "cuda":
+        raise DeviceError(name, f"unsupported device {x.device}")
+
+
+def _check_logp(logp, backend):
+    _check_backend(backend)
     if not isinstance(logp, torch.Tensor):
         raise DTypeError("logp", f"expected a torch.Tensor, got {type(logp).__name__}")
     if logp.dtype != torch.float32:
@@ -235,12 +265,7 @@ def _check_logp(logp):
         raise ShapeError("logp", f"T = {logp.shape[1]} must be < 2^24 (per-row token counts are kept in fp32)")
     if logp.numel() >= 2**31:
         raise ShapeError("logp", f"B * T = {logp.numel()} must be < 2^31 (token totals are int32)")
-    if logp.device.type == "cpu":
-        if not _INTERPRETED:
-            raise DeviceError("logp", "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 "
-                              "before importing rlk_triton, or move to CUDA")
-    elif logp.device.type != "cuda":
-        raise DeviceError("logp", f"unsupported device {logp.device}")
+    _check_device("logp", logp, backend)
 
 
 def _check_like(name, x, logp):

@@ -21,6 +21,13 @@ the allowlist is treated as fast=off (rlk_triton never runs it) while its consis
 applies; (3) consistency audit/strict first requires the op's contract row for the dtype: a missing
 row fails closed, whatever fast says; (4) then fast picks among the backends, fastest first.
 Every resolution yields a Decision (JSON-serializable); a failed one raises PolicyError carrying it.
+
+`dtype` is the dtype of the op's floating-point input: the logits for selected_logp; for the RL ops
+(ratio_kl, policy_loss, gae, group_advantages) the per-token logp / rewards / scores, which are
+float32 only: their contracts have a float32 row only and their backends declare float32 only. So
+for an RL op with any other dtype (e.g. the model's bf16 passed by mistake), consistency audit/strict
+fails closed (no contract row), fast=strict raises, and fast=auto falls back to the native path with
+a warning; every candidate's reason says "dtype bfloat16 not supported (supports float32)".
 Fallbacks are never silent: they are recorded in the decision and warned with RlkFallbackWarning.
 """
 from __future__ import annotations
@@ -120,7 +127,8 @@ def resolve(
     env: Optional[Mapping[str, str]] = None,
     log: Optional[DecisionLog] = None,
 ) -> Decision:
-    """Decide which backend runs `op` for logits of `dtype` on `device`. Raises PolicyError on failure."""
+    """Decide which backend runs `op` for inputs of `dtype` (the logits' for selected_logp; float32 for
+    the RL ops) on `device`. Raises PolicyError on failure."""
     env = os.environ if env is None else env
     device = device or registry.default_device()
     fast_mode, fast_src = _mode(fast, "RLK_FAST", FAST_MODES, env)

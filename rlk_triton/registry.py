@@ -97,7 +97,9 @@ def _selected_logp() -> Operator:
 
 
 def operators() -> list[Operator]:
-    return [_selected_logp()]
+    from .testing.rl_ops import rl_operators as _rl_operators
+
+    return [_selected_logp(), *_rl_operators()]
 
 
 def operator(name: str) -> Operator:

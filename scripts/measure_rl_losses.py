@@ -5,8 +5,8 @@ margin):
   forward   rtol_needed = max err / scale                       (scaled_abs with atol = 0)
   gradient  row_rtol_needed = max (err - u |ref| - s) / sensitivity, u = 2^-24 (fp32 unit roundoff),
             s = 2^-149 (the smallest fp32 subnormal)
-The scales, sensitivities, inputs and runners are the tests' (tests/test_rl_losses.py), so the contract
-and the tests share one definition. Run: python scripts/measure_rl_losses.py [--big] [--out F]
+The scales, sensitivities, inputs and runners are rlk_triton/testing/rl_ops.py's (re-exported by
+tests/test_rl_losses.py), so the contract and the tests share one definition. Run: python scripts/measure_rl_losses.py [--big] [--out F]
 (on CPU it runs the kernels under TRITON_INTERPRET=1; on a GPU it measures the compiled kernels;
 --big adds [64 x 8192]).
 """

@@ -5,10 +5,16 @@ import torch
 
 from rlk_triton import contracts, errors
 from rlk_triton._runtime import arch_of
-from rlk_triton.advantages import gae, group_advantages, reinforce_pp_baseline
+from rlk_triton.advantages import BACKENDS, gae, group_advantages, reinforce_pp_baseline
 from rlk_triton.reference.advantages import (gae_reference, group_advantages_reference,
                                              reinforce_pp_baseline_reference)
 from rlk_triton.testing import RowOp, assert_batch_invariant
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Both backends meet the same contract rows: the tests that take this fixture run for each."""
+    return request.param
 
 
 def _bound(output, device):
@@ -31,13 +37,13 @@ def _gae_case(B, T, seed, device, p_active=0.8, scale=1.0):
 
 @pytest.mark.parametrize("T", (1, 2, 31, 1000, 1025, 2500))
 @pytest.mark.parametrize("gamma,lam", ((1.0, 1.0), (0.99, 0.95), (0.9, 0.0)))
-def test_gae_within_contract(T, gamma, lam, device):
+def test_gae_within_contract(T, gamma, lam, device, backend):
     r, v, m, boot = _gae_case(4, T, T, device)
     m[1] = False  # a fully masked row
     if T > 3:
         m[2, : T // 2] = False  # a prompt-like masked prefix
         m[3, -3:] = False  # right padding
-    adv, ret = gae(r, v, m, gamma=gamma, lam=lam, bootstrap_values=boot)
+    adv, ret = gae(r, v, m, gamma=gamma, lam=lam, bootstrap_values=boot, backend=backend)
     ra, rr, sc = gae_reference(r.cpu().numpy(), v.cpu().numpy(), m.cpu().numpy(), boot.cpu().numpy(), gamma, lam)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert not adv[~m].any() and not ret[~m].any()
@@ -45,16 +51,17 @@ def test_gae_within_contract(T, gamma, lam, device):
     assert contracts.scaled_abs_ratio(ret.cpu(), rr, sc, _bound("gae_returns", device)) <= 1.0
 
 
-def test_gae_defaults_and_empty(device):
+def test_gae_defaults_and_empty(device, backend):
     r, v, _, _ = _gae_case(3, 9, 1, device)
-    adv, ret = gae(r, v, gamma=1.0, lam=1.0)
+    adv, ret = gae(r, v, gamma=1.0, lam=1.0, backend=backend)
     ra, rr, sc = gae_reference(r.cpu().numpy(), v.cpu().numpy(), np.ones((3, 9), bool), None, 1.0, 1.0)
     assert contracts.scaled_abs_ratio(adv.cpu(), ra, sc, _bound("gae_advantages", device)) <= 1.0
-    a0, r0 = gae(torch.empty(0, 5, device=device), torch.empty(0, 5, device=device), gamma=1.0, lam=1.0)
+    a0, r0 = gae(torch.empty(0, 5, device=device), torch.empty(0, 5, device=device), gamma=1.0, lam=1.0,
+                 backend=backend)
     assert a0.shape == (0, 5) and r0.shape == (0, 5)
 
 
-def test_gae_rows_are_batch_invariant(device):
+def test_gae_rows_are_batch_invariant(device, backend):
     T = 1100 if torch.cuda.is_available() else 600  # several tiles under every config
 
     def make_rows(n, g):
@@ -63,7 +70,7 @@ def test_gae_rows_are_batch_invariant(device):
         m = (torch.rand(n, T, generator=g) < 0.8).to(device)
         return r, v, m
 
-    op = RowOp("gae", lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95), make_rows)
+    op = RowOp(f"gae.{backend}", lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, backend=backend), make_rows)
     assert_batch_invariant(op, probe_rows=2, batch_sizes=(3, 5))
 
 
@@ -77,30 +84,30 @@ def _group_case(B, groups, seed, device):
 
 @pytest.mark.parametrize("mode", ("mean", "mean_std", "rloo"))
 @pytest.mark.parametrize("B,groups", ((1, 1), (8, 2), (64, 9), (2100, 300)))
-def test_group_advantages_within_contract(mode, B, groups, device):
+def test_group_advantages_within_contract(mode, B, groups, device, backend):
     s, gid, ok = _group_case(B, groups, B, device)
-    out = group_advantages(s, gid, num_groups=groups + 2, mode=mode, valid=ok)  # two empty groups
+    out = group_advantages(s, gid, num_groups=groups + 2, mode=mode, valid=ok, backend=backend)  # two empty groups
     ref, sc = group_advantages_reference(s.cpu().numpy(), gid.cpu().numpy(), ok.cpu().numpy(), mode)
     assert torch.isfinite(out).all() and not out[~ok].any()
     assert contracts.scaled_abs_ratio(out.cpu(), ref, sc, _bound("group_advantages", device)) <= 1.0
 
 
-def test_single_member_and_fully_masked_groups_give_zero(device):
+def test_single_member_and_fully_masked_groups_give_zero(device, backend):
     s = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=device)
     gid = torch.tensor([0, 1, 1, 2, 2], device=device)
     ok = torch.tensor([True, True, True, False, False], device=device)
     for mode in ("mean", "mean_std", "rloo"):
-        out = group_advantages(s, gid, num_groups=3, mode=mode, valid=ok)
+        out = group_advantages(s, gid, num_groups=3, mode=mode, valid=ok, backend=backend)
         assert out[0] == 0 and not out[3:].any() and torch.isfinite(out).all()
     equal = group_advantages(torch.ones(4, device=device), torch.zeros(4, dtype=torch.long, device=device),
-                             num_groups=1, mode="mean_std")
+                             num_groups=1, mode="mean_std", backend=backend)
     assert not equal.any()  # no spread: 0, not NaN
 
 
-def test_a_group_does_not_depend_on_the_other_groups_or_its_place(device):
+def test_a_group_does_not_depend_on_the_other_groups_or_its_place(device, backend):
     s, gid, ok = _group_case(40, 6, 3, device)
     probe = gid == 2
-    base = group_advantages(s, gid, num_groups=6, valid=ok)[probe]
+    base = group_advantages(s, gid, num_groups=6, valid=ok, backend=backend)[probe]
     others = ~probe
     extra_s, extra_gid, extra_ok = _group_case(70, 6, 4, device)
     extra_keep = extra_gid != 2
@@ -108,17 +115,18 @@ def test_a_group_does_not_depend_on_the_other_groups_or_its_place(device):
     moved_gid = torch.cat([extra_gid[extra_keep], gid[probe], gid[others]])
     moved_ok = torch.cat([extra_ok[extra_keep], ok[probe], ok[others]])
     n_extra = int(extra_keep.sum())
-    moved = group_advantages(moved_s, moved_gid, num_groups=6, valid=moved_ok)[n_extra:n_extra + int(probe.sum())]
+    moved = group_advantages(moved_s, moved_gid, num_groups=6, valid=moved_ok, backend=backend)[n_extra:n_extra + int(probe.sum())]
     assert torch.equal(base, moved)
 
 
-def test_reinforce_pp_baseline_within_contract(device):
+def test_reinforce_pp_baseline_within_contract(device, backend):
     s, gid, ok = _group_case(24, 5, 7, device)
     mask = (torch.rand(24, 13, generator=_gen(8)) < 0.7).to(device)
-    out = reinforce_pp_baseline(s, gid, mask, num_groups=5, valid=ok)
+    out = reinforce_pp_baseline(s, gid, mask, num_groups=5, valid=ok, backend=backend)
     ref, sc = reinforce_pp_baseline_reference(s.cpu().numpy(), gid.cpu().numpy(), mask.cpu().numpy(), ok.cpu().numpy())
     assert contracts.scaled_abs_ratio(out.cpu(), ref, sc, _bound("group_advantages", device)) <= 1.0
-    given = reinforce_pp_baseline(s, gid, mask, num_groups=5, valid=ok, token_mean=0.0, token_std=1.0)
+    given = reinforce_pp_baseline(s, gid, mask, num_groups=5, valid=ok, token_mean=0.0, token_std=1.0,
+                                  backend=backend)
     assert torch.isfinite(given).all()
 
 
@@ -160,7 +168,7 @@ def test_gae_and_groups_at_scale_gpu():
         assert contracts.scaled_abs_ratio(out.cpu(), ref, sc, _bound("group_advantages", "cuda")) <= 1.0
 
 
-def test_gae_right_padding_changes_no_bit(device):
+def test_gae_right_padding_changes_no_bit(device, backend):
     """Frameworks pad T to the batch's longest sequence: a row's GAE must not see it."""
     r, v, m, boot = _gae_case(3, 700, 21, device)
     m[:, 650:] = False
@@ -169,5 +177,5 @@ def test_gae_right_padding_changes_no_bit(device):
         pad = T - 700
         z = torch.zeros(3, pad, device=device)
         outs.append(gae(torch.cat([r, z], 1), torch.cat([v, z], 1), torch.cat([m, z.bool()], 1),
-                        gamma=0.99, lam=0.95, bootstrap_values=boot))
+                        gamma=0.99, lam=0.95, bootstrap_values=boot, backend=backend))
     assert torch.equal(outs[0][0], outs[1][0][:, :700]) and torch.equal(outs[0][1], outs[1][1][:, :700])

@@ -36,6 +36,10 @@ def test_cli_check_json():
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["passed"] and {r["check"] for r in report["rows"]} == {"parity", "invariance"}
+    checked = {(r["op"], r["backend"], r["check"]) for r in report["rows"]}
+    for op in ("selected_logp", "ratio_kl", "policy_loss", "gae", "group_advantages"):
+        for backend in ("triton", "torch_reference"):
+            assert {(op, f"{op}.{backend}", "parity"), (op, f"{op}.{backend}", "invariance")} <= checked
 
 
 def test_cli_configs():
@@ -82,7 +86,9 @@ def test_cli_capabilities_json_and_table():
     out = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "capabilities", "--json"], capture_output=True,
                          text=True, check=True)
     caps = json.loads(out.stdout)
-    assert {c["backend_id"] for c in caps} == {"selected_logp.triton", "selected_logp.torch_reference"}
+    ids = {c["backend_id"] for c in caps}
+    assert {"selected_logp.triton", "selected_logp.torch_reference", "policy_loss.torch_reference",
+            "group_advantages.triton"} <= ids and all(c["available"] for c in caps)
     table = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "capabilities"], capture_output=True,
                            text=True, check=True).stdout
     assert "selected_logp.torch_reference" in table and "available" in table

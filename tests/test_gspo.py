@@ -14,7 +14,7 @@ import torch
 
 from rlk_triton import contracts, errors
 from rlk_triton._runtime import arch_of
-from rlk_triton.losses import gspo_loss
+from rlk_triton.losses import BACKENDS, gspo_loss
 from rlk_triton.reference.losses import gspo_reference
 from rlk_triton.testing import RowOp, assert_batch_invariant
 
@@ -44,9 +44,15 @@ def _scales(logp, old, adv, mask, eps_low, eps_high, normalizer):
             "ratio_ext": ratio.max(initial=0.0), "grad": (1 + mag)[:, None]}
 
 
-def _judge(logp, old, adv, mask, device, eps_low=3e-4, eps_high=4e-4, normalizer=None):
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def _judge(logp, old, adv, mask, device, eps_low=3e-4, eps_high=4e-4, normalizer=None, backend="triton"):
     leaf = logp.detach().clone().requires_grad_(True)
-    loss, seq, diag = gspo_loss(leaf, old, adv, mask=mask, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
+    loss, seq, diag = gspo_loss(leaf, old, adv, mask=mask, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer,
+                                backend=backend)
     loss.backward()
     rl, rseq, rdiag, rgrad, _ = gspo_reference(logp.cpu(), old.cpu(), adv.cpu(), mask.cpu(), eps_low, eps_high,
                                                normalizer)
@@ -70,25 +76,25 @@ def _judge(logp, old, adv, mask, device, eps_low=3e-4, eps_high=4e-4, normalizer
 @pytest.mark.parametrize("B,T", ((1, 1), (4, 7), (3, 300), (5, 700)))
 @pytest.mark.parametrize("spread", (1e-4, 1e-2, 1.0))
 @pytest.mark.parametrize("normalizer", (None, 8.0))
-def test_gspo_within_contract(B, T, spread, normalizer, device):
+def test_gspo_within_contract(B, T, spread, normalizer, device, backend):
     logp, old, adv, mask = _inputs(B, T, B * T, device, spread)
     if B > 2:
         mask[1] = False  # an empty sequence
-    ratios, loss, seq, diag, grad = _judge(logp, old, adv, mask, device, normalizer=normalizer)
+    ratios, loss, seq, diag, grad = _judge(logp, old, adv, mask, device, normalizer=normalizer, backend=backend)
     assert all(r <= 1.0 for r in ratios.values()), ratios
     assert torch.isfinite(grad).all() and not grad[~mask].any()
 
 
-def test_fully_masked_batch_gives_zero(device):
+def test_fully_masked_batch_gives_zero(device, backend):
     logp, old, adv, mask = _inputs(3, 9, 1, device)
     logp = logp.requires_grad_(True)
-    loss, seq, diag = gspo_loss(logp, old, adv, mask=torch.zeros_like(mask))
+    loss, seq, diag = gspo_loss(logp, old, adv, mask=torch.zeros_like(mask), backend=backend)
     loss.backward()
     assert float(loss.detach()) == 0.0 and not seq.any() and all(float(v) == 0.0 for v in diag.values())
     assert not logp.grad.any()
 
 
-def test_gspo_rows_are_batch_invariant(device):
+def test_gspo_rows_are_batch_invariant(device, backend):
     T = 300
 
     def make_rows(n, g):
@@ -98,10 +104,10 @@ def test_gspo_rows_are_batch_invariant(device):
             (torch.rand(n, T, generator=g) < 0.8).to(device)
 
     def forward(logp, old, adv, mask):  # a fixed normalizer: each sequence's term and gradient are its own
-        _, seq, _ = gspo_loss(logp, old, adv, mask=mask, eps_low=0.2, eps_high=0.2, normalizer=10.0)
+        _, seq, _ = gspo_loss(logp, old, adv, mask=mask, eps_low=0.2, eps_high=0.2, normalizer=10.0, backend=backend)
         return (seq,)
 
-    assert_batch_invariant(RowOp("gspo", forward, make_rows, grad_inputs=(0,)), probe_rows=2, batch_sizes=(3, 6))
+    assert_batch_invariant(RowOp(f"gspo.{backend}", forward, make_rows, grad_inputs=(0,)), probe_rows=2, batch_sizes=(3, 6))
 
 
 def test_typed_errors(device):

@@ -1,261 +1,31 @@
 """rlk_triton.losses: parity with the float64 references judged by contracts/rl_losses.yaml, bitwise
-batch invariance, empty and fully masked inputs, typed errors, torch.compile.
+batch invariance, empty and fully masked inputs, typed errors, torch.compile; for both backends
+("triton", "torch_reference") where the test is about the contract.
 
-The helpers at the top (make_inputs, the error scales, judge_*) are also what
-scripts/measure_rl_losses.py measures with, so that the contract and the tests use one definition.
-
-Error scales (the `scale` of the scaled_abs rows; the size of the numbers the fp32 arithmetic
-handles, which its rounding error grows with), per active token, float64, with lr = logp - old,
-r = exp(lr), cr = clip(r), A the advantage, u = ref - logp:
-  kscale(kl)      k1: |u|,  k2: u^2,  k3: exp(u) + |u| + 1
-  log_ratio       |log_ratio|
-  ratio           r (1 + |lr|)                    (exp turns lr's rounding into r's relative error)
-  kl              kscale
-  per_token_loss  tis_s * (pg_s + |kl_coef| kscale + |entropy_coef entropy|) + |l|, with
-                  pg_s = |A| (r (1 + |lr|) + cr + [dual] c), times |logp| for cispo,
-                  tis_s = min(w, cap) (1 + |old - rollout|) for "truncate", else 1
-  loss            sum_t w_t scale_t over the aggregation's weights w
-  clipfrac 1; approx_kl mean(exp(old - logp) + |old - logp| + 1); ratio_mean mean(r (1 + |lr|));
-  ratio_min / ratio_max max(r (1 + |lr|)), all over the active tokens (0 when none is active).
-Gradient sensitivity (rounding_plus_sensitivity), per active token:
-  policy_loss d logp     (|g_loss w_t| + |g_t|) tis_s (dpg_s + |kl_coef| dkscale), dpg_s = |A| (r (1 + |lr|) + cr)
-                         (the first term only for cispo's cr), dkscale k1: 1, k2: |u|, k3: 1 + exp(u) (1 + |u|)
-  policy_loss d entropy  (|g_loss w_t| + |g_t|) tis_s |entropy_coef|
-  ratio_kl d logp        (|g_lr| + |g_r| r (1 + |lr|)) + |g_kl| dkscale
-Inputs keep a margin of 1e-4 (relative) from the branch edges (clip bounds, dual clip, log-ratio
-clamp, TIS cap), where the gradient jumps and the branch is decided by the last fp32 rounding; the
-contract judges the arithmetic, not those ties.
+The helpers (make_inputs, the error scales and sensitivities, judge_*, the row ops) live in
+rlk_triton/testing/rl_ops.py, whose docstring defines the scales: rlk-triton check, the registry's
+probes and scripts/measure_rl_losses.py use the same definitions.
 """
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from rlk_triton import contracts, errors
 from rlk_triton._runtime import arch_of
-from rlk_triton.losses import AGGREGATIONS, LOSS_TYPES, policy_loss, ratio_kl
-from rlk_triton.reference.losses import (aggregation_weights, policy_loss_grad_reference, policy_loss_reference,
-                                         policy_loss_terms, ratio_kl_grad_reference, ratio_kl_reference)
-from rlk_triton.testing import RowOp, assert_batch_invariant
-
-OP = "rl_losses"
-EPS_LOW, EPS_HIGH, DUAL_C, CLAMP, TIS_CAP, NORMALIZER = 0.2, 0.28, 3.0, 0.3, 1.5, 1000.0
-RATIO_EDGES = (1 - EPS_LOW, 1 + EPS_LOW, 1 + EPS_HIGH, DUAL_C)
-LOG_RATIO_EDGES = (-CLAMP, CLAMP)
-TIS_EDGES = (TIS_CAP,)
-EDGE_MARGIN = 1e-4
+from rlk_triton.losses import AGGREGATIONS, BACKENDS, LOSS_TYPES, policy_loss, ratio_kl
+from rlk_triton.reference.losses import (policy_loss_grad_reference, policy_loss_reference, ratio_kl_grad_reference,
+                                         ratio_kl_reference)
+from rlk_triton.testing import assert_batch_invariant
+from rlk_triton.testing.rl_ops import (CLAMP, DUAL_C, EPS_HIGH, EPS_LOW, FEATURES, NORMALIZER, OP, TIS_CAP,  # noqa: F401
+                                       _norm_for, _np, judge_policy, judge_ratio_kl, make_inputs, policy_forward_scales,
+                                       policy_grad_sensitivity, policy_kwargs, policy_row_op, ratio_kl_grad_sensitivity,
+                                       ratio_kl_row_op, ratio_kl_scales, run_policy)
 
 
-# ---- inputs ----
-
-def _away_from(x, edges, margin=EDGE_MARGIN):
-    """x (float32) moved by 3 * margin where it lies within margin of an edge (float64 distance)."""
-    x64 = x.astype(np.float64)
-    near = np.zeros(x.shape, bool)
-    for e in edges:
-        near |= np.abs(x64 - e) < margin * max(1.0, abs(e))
-    return np.where(near, x64 + 3 * margin * max(1.0, *map(abs, edges)), x64).astype(np.float32)
-
-
-def make_inputs(B, T, seed=0, *, adv_per_seq=False, empty_rows=(), p_active=0.8, device="cpu"):
-    """fp32 [B, T] inputs shaped like an RL step: log-probs <= 0, old / ref / rollout logp nearby,
-    a few tokens far off (ratios beyond the dual clip), ~p_active of the tokens active."""
-    rng = np.random.default_rng(seed)
-    logp = (-np.abs(rng.standard_normal((B, T))) * 2).astype(np.float32)
-    off = 0.5 * rng.standard_normal((B, T))
-    wild = rng.random((B, T)) < 0.05
-    off = np.where(wild, rng.uniform(-2.0, 2.0, (B, T)), off)
-    old = (logp - off).astype(np.float32)
-    lr = logp.astype(np.float64) - old
-    edges = [math.log(e) for e in RATIO_EDGES] + list(LOG_RATIO_EDGES)
-    old = (logp - _away_from(lr.astype(np.float32), edges)).astype(np.float32)
-    ref = (logp + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
-    roll = (old + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
-    lw = old.astype(np.float64) - roll
-    roll = (old - _away_from(lw.astype(np.float32), [math.log(c) for c in TIS_EDGES])).astype(np.float32)
-    adv = rng.standard_normal((B,) if adv_per_seq else (B, T)).astype(np.float32)
-    entropy = rng.uniform(0.0, 4.0, (B, T)).astype(np.float32)
-    mask = rng.random((B, T)) < p_active
-    mask[list(empty_rows)] = False
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return {"logp": t(logp), "old_logp": t(old), "ref_logp": t(ref), "rollout_logp": t(roll),
-            "advantages": t(adv), "entropy": t(entropy), "mask": t(mask)}
-
-
-def policy_kwargs(inputs, spec):
-    """(kwargs for rlk_triton.losses.policy_loss, kwargs for the float64 reference) of one case.
-
-    spec keys: loss_type, aggregation, normalizer, eps_high, dual_clip_c, kl_coef, kl_estimator,
-    entropy_coef, tis_mode ("truncate" / "mask" / None)."""
-    ours = {"loss_type": spec.get("loss_type", "ppo"), "eps_low": EPS_LOW, "eps_high": spec.get("eps_high"),
-            "dual_clip_c": spec.get("dual_clip_c"), "aggregation": spec.get("aggregation", "token-mean"),
-            "normalizer": spec.get("normalizer")}
-    if spec.get("kl_coef"):
-        ours.update(ref_logp=inputs["ref_logp"], kl_coef=spec["kl_coef"], kl_estimator=spec.get("kl_estimator", "k3"))
-    if spec.get("entropy_coef"):
-        ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
-    if spec.get("tis_mode"):
-        ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
-    ref = {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
-    return ours, ref
-
-
-def _np(x):
-    return x.detach().double().cpu().numpy()
-
-
-# ---- error scales and sensitivities (the contract's definitions; see the module docstring) ----
-
-def _kscale(u, estimator):
-    return {"k1": np.abs(u), "k2": u * u, "k3": np.exp(u) + np.abs(u) + 1.0}[estimator]
-
-
-def _dkscale(u, estimator):
-    return {"k1": np.ones_like(u), "k2": np.abs(u), "k3": 1.0 + np.exp(u) * (1.0 + np.abs(u))}[estimator]
-
-
-def _policy_pieces(x, ref_kw):
-    """Per-token pieces of the scales, float64 [B, T]."""
-    logp, old = x["logp"], x["old_logp"]
-    adv = x["advantages"] if x["advantages"].ndim == 2 else np.broadcast_to(x["advantages"][:, None], logp.shape)
-    lr = logp - old
-    r = np.exp(lr)
-    eps_high = EPS_LOW if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
-    cr = np.clip(r, 1 - EPS_LOW, 1 + eps_high)
-    rr = r * (1 + np.abs(lr))
-    cispo = ref_kw["loss_type"] == "cispo"
-    pg_s = np.abs(adv) * (rr + cr + (ref_kw["dual_clip_c"] or 0.0)) * (np.abs(logp) if cispo else 1.0)
-    dpg_s = np.abs(adv) * (cr if cispo else rr + cr)
-    kl_s = dkl_s = 0.0
-    if ref_kw.get("kl_coef"):
-        u = x["ref_logp"] - logp
-        est = ref_kw.get("kl_estimator", "k3")
-        kl_s = abs(ref_kw["kl_coef"]) * _kscale(u, est)
-        dkl_s = abs(ref_kw["kl_coef"]) * _dkscale(u, est)
-    ent_s = abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
-    tis_s = 1.0
-    if ref_kw.get("tis_mode") == "truncate":
-        lw = old - x["rollout_logp"]
-        tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
-    return {"rr": rr, "pg": pg_s, "dpg": dpg_s, "kl": kl_s, "dkl": dkl_s, "ent": ent_s, "tis": tis_s,
-            "k3_old": np.exp(old - logp) + np.abs(old - logp) + 1.0}
-
-
-def _mean_over(values, active):
-    n = active.sum()
-    return float(values[active].sum() / n) if n else 0.0
-
-
-def policy_forward_scales(x, ref_kw, terms, weights):
-    p = _policy_pieces(x, ref_kw)
-    active = terms["active"]
-    tok = np.where(active, p["tis"] * (p["pg"] + p["kl"] + p["ent"]) + np.abs(terms["loss"]), 0.0)
-    rr_max = float(p["rr"][active].max()) if active.any() else 0.0
-    return {"per_token_loss": tok, "loss": float((weights * tok).sum()),
-            "clipfrac": 1.0 if active.any() else 0.0, "approx_kl": _mean_over(p["k3_old"], active),
-            "ratio_mean": _mean_over(p["rr"], active), "ratio_min": rr_max, "ratio_max": rr_max}
-
-
-def policy_grad_sensitivity(x, ref_kw, terms, weights, grad_loss, grad_tokens):
-    p = _policy_pieces(x, ref_kw)
-    up = np.abs(grad_loss * weights) + (0.0 if grad_tokens is None else np.abs(grad_tokens))
-    active = terms["active"]
-    d_logp = np.where(active, up * p["tis"] * (p["dpg"] + p["dkl"]), 0.0)
-    d_ent = np.where(active, up * p["tis"] * abs(ref_kw.get("entropy_coef", 0.0)), 0.0)
-    return d_logp, d_ent
-
-
-def ratio_kl_scales(x, estimator, clamp, ref_out):
-    lr, r = ref_out[0], ref_out[1]
-    s = {"log_ratio": np.abs(lr), "ratio": r * (1 + np.abs(lr))}
-    if ref_out[2] is not None:
-        s["kl"] = _kscale(x["ref_logp"] - x["logp"], estimator)
-    return s
-
-
-def ratio_kl_grad_sensitivity(x, estimator, clamp, g_lr, g_r, g_kl):
-    lr = x["logp"] - x["old_logp"]
-    if clamp is not None:
-        lr = np.clip(lr, -clamp, clamp)
-    s = np.abs(g_lr) + np.abs(g_r) * np.exp(lr) * (1 + np.abs(lr))
-    if g_kl is not None:
-        s = s + np.abs(g_kl) * _dkscale(x["ref_logp"] - x["logp"], estimator)
-    return s
-
-
-# ---- running and judging a case ----
-
-def run_policy(inputs, spec, grad_loss=1.3, token_grad_seed=None):
-    """Ours and the reference, values and gradients: (ours, ref, kw64, terms, weights, g_tok)."""
-    ours_kw, ref_kw = policy_kwargs(inputs, spec)
-    logp = inputs["logp"].detach().clone().requires_grad_(True)
-    if "entropy" in ours_kw:
-        ours_kw["entropy"] = ours_kw["entropy"].detach().clone().requires_grad_(True)
-    loss, per_token, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
-                                        **ours_kw)
-    g_tok = None
-    total = loss * grad_loss
-    if token_grad_seed is not None:
-        g_tok = torch.randn(per_token.shape, generator=torch.Generator().manual_seed(token_grad_seed))
-        total = total + (per_token * g_tok.to(per_token.device)).sum()
-    total.backward()
-    ours = {"loss": loss.detach(), "per_token_loss": per_token.detach(), **diag, "d_logp": logp.grad,
-            "d_entropy": ours_kw["entropy"].grad if "entropy" in ours_kw else None}
-    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
-    mask = inputs["mask"].cpu().numpy()
-    r_loss, r_tok, r_diag = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"], mask, **ref_kw)
-    g_tok64 = None if g_tok is None else g_tok.double().numpy()
-    r_dlogp, r_dent = policy_loss_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, grad_loss,
-                                                 g_tok64, **ref_kw)
-    ref = {"loss": r_loss, "per_token_loss": r_tok, **r_diag, "d_logp": r_dlogp, "d_entropy": r_dent}
-    core = {k: v for k, v in ref_kw.items() if k not in ("aggregation", "normalizer")}
-    terms = policy_loss_terms(x["logp"], x["old_logp"], x["advantages"], mask, **core)
-    weights = aggregation_weights(terms["active"], ref_kw["aggregation"], ref_kw["normalizer"])
-    return ours, ref, (x, ref_kw, terms, weights, grad_loss, g_tok64)
-
-
-def judge_policy(inputs, spec, device, grad_loss=1.3, token_grad_seed=1):
-    """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
-    arch = arch_of(torch.device(device))
-    ours, ref, (x, ref_kw, terms, weights, g, g_tok) = run_policy(inputs, spec, grad_loss, token_grad_seed)
-    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
-    scales = policy_forward_scales(x, ref_kw, terms, weights)
-    out = {name: contracts.scaled_abs_ratio(_np(ours[name]), ref[name], scales[name], fwd[name])
-           for name in scales}
-    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
-    s_logp, s_ent = policy_grad_sensitivity(x, ref_kw, terms, weights, g, g_tok)
-    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_logp"]), ref["d_logp"], s_logp, bound)
-    if ours["d_entropy"] is not None:
-        out["d_entropy"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_entropy"]), ref["d_entropy"],
-                                                                     s_ent, bound)
-    return out
-
-
-def judge_ratio_kl(inputs, device, *, with_ref=True, use_mask=True, estimator="k3", clamp=None, seed=2):
-    arch = arch_of(torch.device(device))
-    logp = inputs["logp"].detach().clone().requires_grad_(True)
-    ref_t = inputs["ref_logp"] if with_ref else None
-    mask = inputs["mask"] if use_mask else None
-    outs = ratio_kl(logp, inputs["old_logp"], ref_t, mask=mask, kl_estimator=estimator, log_ratio_clamp=clamp)
-    gen = torch.Generator().manual_seed(seed)
-    ups = [torch.randn(logp.shape, generator=gen) for _ in range(3)]
-    total = sum((o * u.to(o.device)).sum() for o, u in zip(outs, ups) if o is not None)
-    total.backward()
-    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
-    m = None if mask is None else mask.cpu().numpy()
-    ref_out = ratio_kl_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, estimator, clamp)
-    g = [u.double().numpy() for u in ups]
-    ref_grad = ratio_kl_grad_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, g[0], g[1],
-                                       g[2] if with_ref else None, estimator, clamp)
-    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
-    scales = ratio_kl_scales(x, estimator, clamp, ref_out)
-    out = {name: contracts.scaled_abs_ratio(_np(o), r, scales[name], fwd[name])
-           for name, o, r in zip(("log_ratio", "ratio", "kl"), outs, ref_out) if o is not None}
-    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
-    sens = ratio_kl_grad_sensitivity(x, estimator, clamp, g[0], g[1], g[2] if with_ref else None)
-    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(logp.grad), ref_grad, sens, bound)
-    return out
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Both backends meet the same contract rows: the tests that take this fixture run for each."""
+    return request.param
 
 
 def _assert_within(ratios, label):
@@ -264,81 +34,65 @@ def _assert_within(ratios, label):
 
 # ---- parity ----
 
-def _norm_for(aggregation):
-    return 37.0 if aggregation == "seq-mean-token-sum-norm" else None
-
-
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("kl", (False, True))
-def test_policy_loss_within_contract(loss_type, aggregation, kl, device):
+def test_policy_loss_within_contract(loss_type, aggregation, kl, device, backend):
     inputs = make_inputs(5, 40, seed=LOSS_TYPES.index(loss_type) * 10 + len(aggregation), empty_rows=(2,),
                          device=device)
     spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
             "eps_high": EPS_HIGH if loss_type == "dapo" else None, "kl_coef": 0.1 if kl else 0.0}
-    _assert_within(judge_policy(inputs, spec, device), spec)
-
-
-FEATURES = {
-    "entropy": {"entropy_coef": 0.01},
-    "tis_truncate": {"tis_mode": "truncate"},
-    "tis_mask": {"tis_mode": "mask"},
-    "dual_clip": {"dual_clip_c": DUAL_C},
-    "kl_k1": {"kl_coef": 0.05, "kl_estimator": "k1"},
-    "kl_k2": {"kl_coef": 0.05, "kl_estimator": "k2"},
-    "no_upper_clip": {"eps_high": float("inf")},
-    "everything": {"entropy_coef": 0.01, "tis_mode": "truncate", "dual_clip_c": DUAL_C, "kl_coef": 0.1,
-                   "eps_high": EPS_HIGH},
-}
+    _assert_within(judge_policy(inputs, spec, device, backend=backend), spec)
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("feature", sorted(FEATURES))
-def test_policy_loss_features_within_contract(feature, aggregation, device):
+def test_policy_loss_features_within_contract(feature, aggregation, device, backend):
     inputs = make_inputs(4, 33, seed=len(feature) + 100 * len(aggregation), empty_rows=(1,), device=device)
     loss_type = "cispo" if feature == "entropy" else "ppo"
     spec = {"loss_type": loss_type, "aggregation": aggregation, "normalizer": _norm_for(aggregation),
             **FEATURES[feature]}
-    ratios = judge_policy(inputs, spec, device)
+    ratios = judge_policy(inputs, spec, device, backend=backend)
     _assert_within(ratios, spec)
     assert ("d_entropy" in ratios) == ("entropy_coef" in spec)
 
 
 @pytest.mark.parametrize("case", ("per_seq_advantages", "multi_tile", "scalar_grad_only", "cispo_everything"))
-def test_policy_loss_variants_within_contract(case, device):
+def test_policy_loss_variants_within_contract(case, device, backend):
     B, T = (3, 600) if case == "multi_tile" else (4, 33)
     inputs = make_inputs(B, T, seed=7, adv_per_seq=case == "per_seq_advantages", empty_rows=(1,), device=device)
     spec = {"loss_type": "grpo", "aggregation": "seq-mean-token-mean", **FEATURES["everything"]}
     if case == "cispo_everything":
         spec.update(loss_type="cispo", dual_clip_c=None, tis_mode="mask")
     seed = None if case == "scalar_grad_only" else 3
-    _assert_within(judge_policy(inputs, spec, device, token_grad_seed=seed), case)
+    _assert_within(judge_policy(inputs, spec, device, token_grad_seed=seed, backend=backend), case)
 
 
 @pytest.mark.parametrize("normalizer", (57, 57.0), ids=("int64", "float64"))
-def test_normalizer_tensor_equals_the_number(normalizer, device):
+def test_normalizer_tensor_equals_the_number(normalizer, device, backend):
     """A device tensor (read on the device, no host sync) and the Python number give the same bits."""
     inputs = make_inputs(3, 20, seed=13, device=device)
     spec = {"aggregation": "token-mean", **FEATURES["everything"]}
-    a = run_policy(inputs, dict(spec, normalizer=57.0), token_grad_seed=None)[0]
-    b = run_policy(inputs, dict(spec, normalizer=torch.tensor(normalizer, device=device)), token_grad_seed=None)[0]
+    a = run_policy(inputs, dict(spec, normalizer=57.0), token_grad_seed=None, backend=backend)[0]
+    b = run_policy(inputs, dict(spec, normalizer=torch.tensor(normalizer, device=device)), token_grad_seed=None,
+                   backend=backend)[0]
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
 @pytest.mark.parametrize("estimator", ("k1", "k2", "k3"))
 @pytest.mark.parametrize("clamp", (None, CLAMP))
 @pytest.mark.parametrize("with_ref,use_mask", ((True, True), (False, True), (True, False)))
-def test_ratio_kl_within_contract(estimator, clamp, with_ref, use_mask, device):
+def test_ratio_kl_within_contract(estimator, clamp, with_ref, use_mask, device, backend):
     inputs = make_inputs(4, 45, seed=len(estimator) + (clamp is None), empty_rows=(3,), device=device)
     _assert_within(judge_ratio_kl(inputs, device, with_ref=with_ref, use_mask=use_mask, estimator=estimator,
-                                  clamp=clamp), (estimator, clamp, with_ref, use_mask))
+                                  clamp=clamp, backend=backend), (estimator, clamp, with_ref, use_mask))
 
 
-def test_ratio_kl_masked_and_clamped_tokens(device):
+def test_ratio_kl_masked_and_clamped_tokens(device, backend):
     inputs = make_inputs(3, 20, seed=5, device=device)
     args = (inputs["old_logp"], inputs["ref_logp"])
     logp = inputs["logp"].clone().requires_grad_(True)
-    lr, r, kl = ratio_kl(logp, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP)
+    lr, r, kl = ratio_kl(logp, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP, backend=backend)
     (lr + r + kl).sum().backward()
     off = ~inputs["mask"]
     assert (lr[off] == 0).all() and (r[off] == 0).all() and (kl[off] == 0).all() and (logp.grad[off] == 0).all()
@@ -347,7 +101,7 @@ def test_ratio_kl_masked_and_clamped_tokens(device):
     assert clamped.any()
     # beyond the clamp log_ratio and ratio pass no gradient: only kl's is left, bit for bit
     logp_kl = inputs["logp"].clone().requires_grad_(True)
-    ratio_kl(logp_kl, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP)[2].sum().backward()
+    ratio_kl(logp_kl, *args, mask=inputs["mask"], log_ratio_clamp=CLAMP, backend=backend)[2].sum().backward()
     assert torch.equal(logp.grad[clamped], logp_kl.grad[clamped])
 
 
@@ -418,7 +172,7 @@ def test_ratio_kl_reference_gradient_by_finite_differences(estimator):
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("normalizer", (None, 64.0))
-def test_fully_masked_batch_gives_zero_loss_and_no_nan(aggregation, normalizer, device):
+def test_fully_masked_batch_gives_zero_loss_and_no_nan(aggregation, normalizer, device, backend):
     if aggregation == "seq-mean-token-sum-norm" and normalizer is None:
         normalizer = 64.0
     inputs = make_inputs(3, 17, seed=4, p_active=0.0, device=device)
@@ -429,7 +183,7 @@ def test_fully_masked_batch_gives_zero_loss_and_no_nan(aggregation, normalizer, 
     loss, tok, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
                                   aggregation=aggregation, normalizer=normalizer, ref_logp=inputs["ref_logp"],
                                   kl_coef=0.1, entropy=ent, entropy_coef=0.01, rollout_logp=inputs["rollout_logp"],
-                                  tis_cap=TIS_CAP)
+                                  tis_cap=TIS_CAP, backend=backend)
     (loss + tok.sum()).backward()
     assert loss.item() == 0.0 and torch.count_nonzero(tok) == 0
     assert all(v.item() == 0.0 for v in diag.values())
@@ -437,118 +191,92 @@ def test_fully_masked_batch_gives_zero_loss_and_no_nan(aggregation, normalizer, 
 
 
 @pytest.mark.parametrize("shape", ((0, 5), (3, 0)))
-def test_empty_shapes(shape, device):
+def test_empty_shapes(shape, device, backend):
     x = torch.zeros(shape, device=device, requires_grad=True)
     mask = torch.ones(shape, dtype=torch.bool, device=device)
-    loss, tok, diag = policy_loss(x, x.detach(), x.detach(), mask=mask, aggregation="seq-mean-token-mean")
+    loss, tok, diag = policy_loss(x, x.detach(), x.detach(), mask=mask, aggregation="seq-mean-token-mean",
+                                  backend=backend)
     loss.backward()
     assert loss.item() == 0.0 and tok.shape == shape and x.grad.shape == shape
     assert all(v.item() == 0.0 for v in diag.values())
-    lr, r, kl = ratio_kl(x, x.detach(), x.detach())
+    lr, r, kl = ratio_kl(x, x.detach(), x.detach(), backend=backend)
     assert lr.shape == r.shape == kl.shape == shape
 
 
 @pytest.mark.parametrize("aggregation", ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean"))
-def test_empty_sequences_do_not_count(aggregation, device):
+def test_empty_sequences_do_not_count(aggregation, device, backend):
     """The loss of a batch with empty rows is the loss of its other rows (judged by the contract)."""
     inputs = make_inputs(4, 12, seed=9, empty_rows=(0, 2), device=device)
     loss, tok, _ = policy_loss(inputs["logp"], inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
-                               aggregation=aggregation)
+                               aggregation=aggregation, backend=backend)
     assert (tok[[0, 2]] == 0).all()
     keep = {k: v[[1, 3]] for k, v in inputs.items()}
-    ours, ref, (x, kw, terms, weights, _, _) = run_policy(keep, {"aggregation": aggregation})
+    ours, ref, (x, kw, terms, weights, _, _) = run_policy(keep, {"aggregation": aggregation}, backend=backend)
     bound = contracts.judgment(OP, torch.float32, "forward_accuracy", arch_of(torch.device(device)))["outputs"]
     scale = policy_forward_scales(x, kw, terms, weights)["loss"]
     assert contracts.scaled_abs_ratio(_np(loss), ref["loss"], scale, bound["loss"]) <= 1.0
 
 
-def test_tis_mask_drops_tokens_like_the_mask(device):
+def test_tis_mask_drops_tokens_like_the_mask(device, backend):
     inputs = make_inputs(3, 40, seed=6, device=device)
     w = torch.exp(inputs["old_logp"] - inputs["rollout_logp"])
     args = (inputs["logp"], inputs["old_logp"], inputs["advantages"])
     a = policy_loss(*args, mask=inputs["mask"], rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP,
-                    tis_mode="mask", aggregation="seq-mean-token-mean")
-    b = policy_loss(*args, mask=inputs["mask"] & (w <= TIS_CAP), aggregation="seq-mean-token-mean")
+                    tis_mode="mask", aggregation="seq-mean-token-mean", backend=backend)
+    b = policy_loss(*args, mask=inputs["mask"] & (w <= TIS_CAP), aggregation="seq-mean-token-mean", backend=backend)
     assert ((w > TIS_CAP) & inputs["mask"]).any()
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
 
 
-def test_float_and_int_masks_equal_bool(device):
+def test_float_and_int_masks_equal_bool(device, backend):
     inputs = make_inputs(3, 20, seed=8, device=device)
     args = (inputs["logp"], inputs["old_logp"], inputs["advantages"])
-    base = policy_loss(*args, mask=inputs["mask"])
+    base = policy_loss(*args, mask=inputs["mask"], backend=backend)
     for m in (inputs["mask"].float(), inputs["mask"].to(torch.int64)):
-        other = policy_loss(*args, mask=m)
+        other = policy_loss(*args, mask=m, backend=backend)
         assert torch.equal(base[0], other[0]) and torch.equal(base[1], other[1])
 
 
 # ---- bitwise batch invariance ----
 
-def _policy_row_op(T, device, aggregation="token-mean", adv_per_seq=False):
-    spec = {"loss_type": "ppo", "aggregation": aggregation, "normalizer": NORMALIZER, **FEATURES["everything"]}
-
-    def make_rows(n, gen):
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        x = make_inputs(n, T, seed=seed, adv_per_seq=adv_per_seq, device=device)
-        return (x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], x["entropy"], x["rollout_logp"])
-
-    def forward(logp, old, adv, mask, ref, ent, roll):
-        x = {"ref_logp": ref, "entropy": ent, "rollout_logp": roll}
-        kw, _ = policy_kwargs(x, spec)
-        kw["entropy"] = ent
-        return (policy_loss(logp, old, adv, mask=mask, **kw)[1],)
-
-    return RowOp(f"policy_loss[T={T},{aggregation}]", forward, make_rows, grad_inputs=(0, 5))
-
-
-def _ratio_kl_row_op(T, device, clamp=CLAMP):
-    def make_rows(n, gen):
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        x = make_inputs(n, T, seed=seed, device=device)
-        return x["logp"], x["old_logp"], x["ref_logp"], x["mask"]
-
-    def forward(logp, old, ref, mask):
-        return ratio_kl(logp, old, ref, mask=mask, log_ratio_clamp=clamp)
-
-    return RowOp(f"ratio_kl[T={T}]", forward, make_rows, grad_inputs=(0,))
-
-
 @pytest.mark.parametrize("adv_per_seq", (False, True))
-def test_policy_loss_per_token_batch_invariant(adv_per_seq, device):
-    assert_batch_invariant(_policy_row_op(30, device, adv_per_seq=adv_per_seq), probe_rows=2, batch_sizes=(3, 7))
+def test_policy_loss_per_token_batch_invariant(adv_per_seq, device, backend):
+    assert_batch_invariant(policy_row_op(30, device, adv_per_seq=adv_per_seq, backend=backend), probe_rows=2,
+                           batch_sizes=(3, 7))
 
 
-def test_ratio_kl_batch_invariant(device):
-    assert_batch_invariant(_ratio_kl_row_op(30, device), probe_rows=2, batch_sizes=(3, 7))
+def test_ratio_kl_batch_invariant(device, backend):
+    assert_batch_invariant(ratio_kl_row_op(30, device, backend=backend), probe_rows=2, batch_sizes=(3, 7))
 
 
-def _probe_grads(inputs, positions, spec):
+def _probe_grads(inputs, positions, spec, backend="triton"):
     """d logp (and d entropy) of the rows at `positions` from loss.backward() alone."""
     kw, _ = policy_kwargs(inputs, spec)
     logp = inputs["logp"].clone().requires_grad_(True)
     kw["entropy"] = kw["entropy"].clone().requires_grad_(True)
-    loss, _, _ = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"], **kw)
+    loss, _, _ = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"], backend=backend,
+                             **kw)
     loss.backward()
     return logp.grad[positions], kw["entropy"].grad[positions]
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_scalar_loss_gradient_batch_invariant_with_a_normalizer(aggregation, device):
+def test_scalar_loss_gradient_batch_invariant_with_a_normalizer(aggregation, device, backend):
     """With the normalizer given, d loss / d logp of a row depends on that row alone, for every aggregation."""
     spec = {"aggregation": aggregation, "normalizer": NORMALIZER, **FEATURES["everything"]}
     probe = make_inputs(2, 30, seed=21, device=device)
-    base = _probe_grads(probe, torch.arange(2), spec)
+    base = _probe_grads(probe, torch.arange(2), spec, backend)
     for n, seed, where in ((5, 1, (0, 1)), (9, 2, (3, 8)), (9, 3, (8, 0)), (4, 4, (2, 3))):
         batch = make_inputs(n, 30, seed=seed, device=device)
         pos = torch.tensor(where)
         for k in batch:
             batch[k][pos] = probe[k]
-        got = _probe_grads(batch, pos, spec)
+        got = _probe_grads(batch, pos, spec, backend)
         assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]), (n, where)
 
 
-def test_padding_tokens_and_empty_rows_change_nothing(device):
+def test_padding_tokens_and_empty_rows_change_nothing(device, backend):
     """Padding T with masked tokens (across a tile edge) and appending empty rows give the same bits,
     scalar loss and diagnostics included: every block size is fixed, and padding adds exact zeros."""
     spec = {"aggregation": "seq-mean-token-mean", **FEATURES["everything"]}
@@ -556,8 +284,8 @@ def test_padding_tokens_and_empty_rows_change_nothing(device):
     wide = make_inputs(5, 300, seed=32, p_active=0.0, device=device)
     for k in x:
         wide[k][:3, :40] = x[k]
-    a = run_policy(x, spec, token_grad_seed=None)[0]
-    b = run_policy(wide, spec, token_grad_seed=None)[0]
+    a = run_policy(x, spec, token_grad_seed=None, backend=backend)[0]
+    b = run_policy(wide, spec, token_grad_seed=None, backend=backend)[0]
     assert torch.equal(a["loss"], b["loss"])
     for name in ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max"):
         assert torch.equal(a[name], b[name]), name
@@ -694,8 +422,8 @@ def test_policy_loss_within_contract_long_rows(aggregation, device):
 
 @pytest.mark.slow
 def test_batch_invariant_long_rows(device):
-    assert_batch_invariant(_policy_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
-    assert_batch_invariant(_ratio_kl_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
+    assert_batch_invariant(policy_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
+    assert_batch_invariant(ratio_kl_row_op(1000, device), probe_rows=3, batch_sizes=(5, 17))
 
 
 # ---- on the GPU: the same checks at [64 x 8192] ----
@@ -721,8 +449,8 @@ def test_ratio_kl_within_contract_gpu(estimator):
 
 @pytest.mark.gpu
 def test_batch_invariant_gpu():
-    assert_batch_invariant(_policy_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
-    assert_batch_invariant(_ratio_kl_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
+    assert_batch_invariant(policy_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
+    assert_batch_invariant(ratio_kl_row_op(8192, "cuda"), probe_rows=4, batch_sizes=(5, 64))
     spec = {"aggregation": "seq-mean-token-mean", "normalizer": NORMALIZER, **FEATURES["everything"]}
     probe = make_inputs(4, 8192, seed=53, device="cuda")
     base = _probe_grads(probe, torch.arange(4), spec)

@@ -1,0 +1,587 @@
+"""The RL losses and advantages as registered operators: inputs, error scales, judges, cases, row ops.
+
+rlk_triton.registry lists ratio_kl, policy_loss, gae and group_advantages from rl_operators(); the
+tests (tests/test_rl_losses.py, tests/test_rl_backends.py, tests/test_rl_registry.py),
+`rlk-triton check` and scripts/measure_rl_losses.py use the same definitions from here, so that the
+contract and everything that judges against it share one definition of `scale`.
+
+Error scales (the `scale` of the scaled_abs rows; the size of the numbers the fp32 arithmetic
+handles, which its rounding error grows with), per active token, float64, with lr = logp - old,
+r = exp(lr), cr = clip(r), A the advantage, u = ref - logp:
+  kscale(kl)      k1: |u|,  k2: u^2,  k3: exp(u) + |u| + 1
+  log_ratio       |log_ratio|
+  ratio           r (1 + |lr|)                    (exp turns lr's rounding into r's relative error)
+  kl              kscale
+  per_token_loss  tis_s * (pg_s + |kl_coef| kscale + |entropy_coef entropy|) + |l|, with
+                  pg_s = |A| (r (1 + |lr|) + cr + [dual] c), times |logp| for cispo,
+                  tis_s = min(w, cap) (1 + |old - rollout|) for "truncate", else 1
+  loss            sum_t w_t scale_t over the aggregation's weights w
+  clipfrac 1; approx_kl mean(exp(old - logp) + |old - logp| + 1); ratio_mean mean(r (1 + |lr|));
+  ratio_min / ratio_max max(r (1 + |lr|)), all over the active tokens (0 when none is active).
+Gradient sensitivity (rounding_plus_sensitivity), per active token:
+  policy_loss d logp     (|g_loss w_t| + |g_t|) tis_s (dpg_s + |kl_coef| dkscale), dpg_s = |A| (r (1 + |lr|) + cr)
+                         (the first term only for cispo's cr), dkscale k1: 1, k2: |u|, k3: 1 + exp(u) (1 + |u|)
+  policy_loss d entropy  (|g_loss w_t| + |g_t|) tis_s |entropy_coef|
+  ratio_kl d logp        (|g_lr| + |g_r| r (1 + |lr|)) + |g_kl| dkscale
+Inputs keep a margin of 1e-4 (relative) from the branch edges (clip bounds, dual clip, log-ratio
+clamp, TIS cap), where the gradient jumps and the branch is decided by the last fp32 rounding; the
+contract judges the arithmetic, not those ties.
+
+Advantages (contracts/advantages.yaml): the scales are reference/advantages.py's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import contracts
+from .._runtime import arch_of
+from ..losses import policy_loss, ratio_kl
+from ..reference.losses import (aggregation_weights, policy_loss_grad_reference, policy_loss_reference,
+                                policy_loss_terms, ratio_kl_grad_reference, ratio_kl_reference)
+from .invariance import RowOp
+
+OP = "rl_losses"
+EPS_LOW, EPS_HIGH, DUAL_C, CLAMP, TIS_CAP, NORMALIZER = 0.2, 0.28, 3.0, 0.3, 1.5, 1000.0
+RATIO_EDGES = (1 - EPS_LOW, 1 + EPS_LOW, 1 + EPS_HIGH, DUAL_C)
+LOG_RATIO_EDGES = (-CLAMP, CLAMP)
+TIS_EDGES = (TIS_CAP,)
+EDGE_MARGIN = 1e-4
+
+
+# ---- inputs ----
+
+def _away_from(x, edges, margin=EDGE_MARGIN):
+    """x (float32) moved by 3 * margin where it lies within margin of an edge (float64 distance)."""
+    x64 = x.astype(np.float64)
+    near = np.zeros(x.shape, bool)
+    for e in edges:
+        near |= np.abs(x64 - e) < margin * max(1.0, abs(e))
+    return np.where(near, x64 + 3 * margin * max(1.0, *map(abs, edges)), x64).astype(np.float32)
+
+
+def make_inputs(B, T, seed=0, *, adv_per_seq=False, empty_rows=(), p_active=0.8, device="cpu"):
+    """fp32 [B, T] inputs shaped like an RL step: log-probs <= 0, old / ref / rollout logp nearby,
+    a few tokens far off (ratios beyond the dual clip), ~p_active of the tokens active."""
+    rng = np.random.default_rng(seed)
+    logp = (-np.abs(rng.standard_normal((B, T))) * 2).astype(np.float32)
+    off = 0.5 * rng.standard_normal((B, T))
+    wild = rng.random((B, T)) < 0.05
+    off = np.where(wild, rng.uniform(-2.0, 2.0, (B, T)), off)
+    old = (logp - off).astype(np.float32)
+    lr = logp.astype(np.float64) - old
+    edges = [math.log(e) for e in RATIO_EDGES] + list(LOG_RATIO_EDGES)
+    old = (logp - _away_from(lr.astype(np.float32), edges)).astype(np.float32)
+    ref = (logp + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
+    roll = (old + 0.3 * rng.standard_normal((B, T))).astype(np.float32)
+    lw = old.astype(np.float64) - roll
+    roll = (old - _away_from(lw.astype(np.float32), [math.log(c) for c in TIS_EDGES])).astype(np.float32)
+    adv = rng.standard_normal((B,) if adv_per_seq else (B, T)).astype(np.float32)
+    entropy = rng.uniform(0.0, 4.0, (B, T)).astype(np.float32)
+    mask = rng.random((B, T)) < p_active
+    mask[list(empty_rows)] = False
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return {"logp": t(logp), "old_logp": t(old), "ref_logp": t(ref), "rollout_logp": t(roll),
+            "advantages": t(adv), "entropy": t(entropy), "mask": t(mask)}
+
+
+def policy_kwargs(inputs, spec):
+    """(kwargs for rlk_triton.losses.policy_loss, kwargs for the float64 reference) of one case.
+
+    spec keys: loss_type, aggregation, normalizer, eps_high, dual_clip_c, kl_coef, kl_estimator,
+    entropy_coef, tis_mode ("truncate" / "mask" / None)."""
+    ours = {"loss_type": spec.get("loss_type", "ppo"), "eps_low": EPS_LOW, "eps_high": spec.get("eps_high"),
+            "dual_clip_c": spec.get("dual_clip_c"), "aggregation": spec.get("aggregation", "token-mean"),
+            "normalizer": spec.get("normalizer")}
+    if spec.get("kl_coef"):
+        ours.update(ref_logp=inputs["ref_logp"], kl_coef=spec["kl_coef"], kl_estimator=spec.get("kl_estimator", "k3"))
+    if spec.get("entropy_coef"):
+        ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
+    if spec.get("tis_mode"):
+        ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
+    ref = {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
+    return ours, ref
+
+
+def _np(x):
+    return x.detach().double().cpu().numpy()
+
+
+# ---- error scales and sensitivities (the contract's definitions; see the module docstring) ----
+
+def _kscale(u, estimator):
+    return {"k1": np.abs(u), "k2": u * u, "k3": np.exp(u) + np.abs(u) + 1.0}[estimator]
+
+
+def _dkscale(u, estimator):
+    return {"k1": np.ones_like(u), "k2": np.abs(u), "k3": 1.0 + np.exp(u) * (1.0 + np.abs(u))}[estimator]
+
+
+def _policy_pieces(x, ref_kw):
+    """Per-token pieces of the scales, float64 [B, T]."""
+    logp, old = x["logp"], x["old_logp"]
+    adv = x["advantages"] if x["advantages"].ndim == 2 else np.broadcast_to(x["advantages"][:, None], logp.shape)
+    lr = logp - old
+    r = np.exp(lr)
+    eps_high = EPS_LOW if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
+    cr = np.clip(r, 1 - EPS_LOW, 1 + eps_high)
+    rr = r * (1 + np.abs(lr))
+    cispo = ref_kw["loss_type"] == "cispo"
+    pg_s = np.abs(adv) * (rr + cr + (ref_kw["dual_clip_c"] or 0.0)) * (np.abs(logp) if cispo else 1.0)
+    dpg_s = np.abs(adv) * (cr if cispo else rr + cr)
+    kl_s = dkl_s = 0.0
+    if ref_kw.get("kl_coef"):
+        u = x["ref_logp"] - logp
+        est = ref_kw.get("kl_estimator", "k3")
+        kl_s = abs(ref_kw["kl_coef"]) * _kscale(u, est)
+        dkl_s = abs(ref_kw["kl_coef"]) * _dkscale(u, est)
+    ent_s = abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
+    tis_s = 1.0
+    if ref_kw.get("tis_mode") == "truncate":
+        lw = old - x["rollout_logp"]
+        tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
+    return {"rr": rr, "pg": pg_s, "dpg": dpg_s, "kl": kl_s, "dkl": dkl_s, "ent": ent_s, "tis": tis_s,
+            "k3_old": np.exp(old - logp) + np.abs(old - logp) + 1.0}
+
+
+def _mean_over(values, active):
+    n = active.sum()
+    return float(values[active].sum() / n) if n else 0.0
+
+
+def policy_forward_scales(x, ref_kw, terms, weights):
+    p = _policy_pieces(x, ref_kw)
+    active = terms["active"]
+    tok = np.where(active, p["tis"] * (p["pg"] + p["kl"] + p["ent"]) + np.abs(terms["loss"]), 0.0)
+    rr_max = float(p["rr"][active].max()) if active.any() else 0.0
+    return {"per_token_loss": tok, "loss": float((weights * tok).sum()),
+            "clipfrac": 1.0 if active.any() else 0.0, "approx_kl": _mean_over(p["k3_old"], active),
+            "ratio_mean": _mean_over(p["rr"], active), "ratio_min": rr_max, "ratio_max": rr_max}
+
+
+def policy_grad_sensitivity(x, ref_kw, terms, weights, grad_loss, grad_tokens):
+    p = _policy_pieces(x, ref_kw)
+    up = np.abs(grad_loss * weights) + (0.0 if grad_tokens is None else np.abs(grad_tokens))
+    active = terms["active"]
+    d_logp = np.where(active, up * p["tis"] * (p["dpg"] + p["dkl"]), 0.0)
+    d_ent = np.where(active, up * p["tis"] * abs(ref_kw.get("entropy_coef", 0.0)), 0.0)
+    return d_logp, d_ent
+
+
+def ratio_kl_scales(x, estimator, clamp, ref_out):
+    lr, r = ref_out[0], ref_out[1]
+    s = {"log_ratio": np.abs(lr), "ratio": r * (1 + np.abs(lr))}
+    if ref_out[2] is not None:
+        s["kl"] = _kscale(x["ref_logp"] - x["logp"], estimator)
+    return s
+
+
+def ratio_kl_grad_sensitivity(x, estimator, clamp, g_lr, g_r, g_kl):
+    lr = x["logp"] - x["old_logp"]
+    if clamp is not None:
+        lr = np.clip(lr, -clamp, clamp)
+    s = np.abs(g_lr) + np.abs(g_r) * np.exp(lr) * (1 + np.abs(lr))
+    if g_kl is not None:
+        s = s + np.abs(g_kl) * _dkscale(x["ref_logp"] - x["logp"], estimator)
+    return s
+
+
+# ---- running and judging a case ----
+
+def run_policy(inputs, spec, grad_loss=1.3, token_grad_seed=None, backend="triton"):
+    """Ours and the reference, values and gradients: (ours, ref, kw64, terms, weights, g_tok)."""
+    ours_kw, ref_kw = policy_kwargs(inputs, spec)
+    logp = inputs["logp"].detach().clone().requires_grad_(True)
+    if "entropy" in ours_kw:
+        ours_kw["entropy"] = ours_kw["entropy"].detach().clone().requires_grad_(True)
+    loss, per_token, diag = policy_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"],
+                                        backend=backend, **ours_kw)
+    g_tok = None
+    total = loss * grad_loss
+    if token_grad_seed is not None:
+        g_tok = torch.randn(per_token.shape, generator=torch.Generator().manual_seed(token_grad_seed))
+        total = total + (per_token * g_tok.to(per_token.device)).sum()
+    total.backward()
+    ours = {"loss": loss.detach(), "per_token_loss": per_token.detach(), **diag, "d_logp": logp.grad,
+            "d_entropy": ours_kw["entropy"].grad if "entropy" in ours_kw else None}
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].cpu().numpy()
+    r_loss, r_tok, r_diag = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"], mask, **ref_kw)
+    g_tok64 = None if g_tok is None else g_tok.double().numpy()
+    r_dlogp, r_dent = policy_loss_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, grad_loss,
+                                                 g_tok64, **ref_kw)
+    ref = {"loss": r_loss, "per_token_loss": r_tok, **r_diag, "d_logp": r_dlogp, "d_entropy": r_dent}
+    core = {k: v for k, v in ref_kw.items() if k not in ("aggregation", "normalizer")}
+    terms = policy_loss_terms(x["logp"], x["old_logp"], x["advantages"], mask, **core)
+    weights = aggregation_weights(terms["active"], ref_kw["aggregation"], ref_kw["normalizer"])
+    return ours, ref, (x, ref_kw, terms, weights, grad_loss, g_tok64)
+
+
+def judge_policy(inputs, spec, device, grad_loss=1.3, token_grad_seed=1, backend="triton"):
+    """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
+    arch = arch_of(torch.device(device))
+    ours, ref, (x, ref_kw, terms, weights, g, g_tok) = run_policy(inputs, spec, grad_loss, token_grad_seed,
+                                                                  backend)
+    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
+    scales = policy_forward_scales(x, ref_kw, terms, weights)
+    out = {name: contracts.scaled_abs_ratio(_np(ours[name]), ref[name], scales[name], fwd[name])
+           for name in scales}
+    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
+    s_logp, s_ent = policy_grad_sensitivity(x, ref_kw, terms, weights, g, g_tok)
+    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_logp"]), ref["d_logp"], s_logp, bound)
+    if ours["d_entropy"] is not None:
+        out["d_entropy"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_entropy"]), ref["d_entropy"],
+                                                                     s_ent, bound)
+    return out
+
+
+def judge_ratio_kl(inputs, device, *, with_ref=True, use_mask=True, estimator="k3", clamp=None, seed=2,
+                   backend="triton"):
+    """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
+    arch = arch_of(torch.device(device))
+    logp = inputs["logp"].detach().clone().requires_grad_(True)
+    ref_t = inputs["ref_logp"] if with_ref else None
+    mask = inputs["mask"] if use_mask else None
+    outs = ratio_kl(logp, inputs["old_logp"], ref_t, mask=mask, kl_estimator=estimator, log_ratio_clamp=clamp,
+                    backend=backend)
+    gen = torch.Generator().manual_seed(seed)
+    ups = [torch.randn(logp.shape, generator=gen) for _ in range(3)]
+    total = sum((o * u.to(o.device)).sum() for o, u in zip(outs, ups) if o is not None)
+    total.backward()
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    m = None if mask is None else mask.cpu().numpy()
+    ref_out = ratio_kl_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, estimator, clamp)
+    g = [u.double().numpy() for u in ups]
+    ref_grad = ratio_kl_grad_reference(x["logp"], x["old_logp"], x["ref_logp"] if with_ref else None, m, g[0], g[1],
+                                       g[2] if with_ref else None, estimator, clamp)
+    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
+    scales = ratio_kl_scales(x, estimator, clamp, ref_out)
+    out = {name: contracts.scaled_abs_ratio(_np(o), r, scales[name], fwd[name])
+           for name, o, r in zip(("log_ratio", "ratio", "kl"), outs, ref_out) if o is not None}
+    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
+    sens = ratio_kl_grad_sensitivity(x, estimator, clamp, g[0], g[1], g[2] if with_ref else None)
+    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(logp.grad), ref_grad, sens, bound)
+    return out
+
+def _norm_for(aggregation):
+    return 37.0 if aggregation == "seq-mean-token-sum-norm" else None
+
+
+FEATURES = {
+    "entropy": {"entropy_coef": 0.01},
+    "tis_truncate": {"tis_mode": "truncate"},
+    "tis_mask": {"tis_mode": "mask"},
+    "dual_clip": {"dual_clip_c": DUAL_C},
+    "kl_k1": {"kl_coef": 0.05, "kl_estimator": "k1"},
+    "kl_k2": {"kl_coef": 0.05, "kl_estimator": "k2"},
+    "no_upper_clip": {"eps_high": float("inf")},
+    "everything": {"entropy_coef": 0.01, "tis_mode": "truncate", "dual_clip_c": DUAL_C, "kl_coef": 0.1,
+                   "eps_high": EPS_HIGH},
+}
+
+
+# ---- advantages: judged against reference/advantages.py with its scales ----
+
+def _adv_bound(output, device):
+    return contracts.judgment("advantages", torch.float32, "forward_accuracy",
+                              arch_of(torch.device(device)))["outputs"][output]
+
+
+def gae_inputs(B, T, seed, device, p_active=0.8, scale=1.0):
+    """(rewards, values, mask, bootstrap_values): N(0, scale^2) values, ~p_active of the tokens active."""
+    g = torch.Generator().manual_seed(seed)
+    r = (torch.randn(B, T, generator=g) * scale).to(device)
+    v = (torch.randn(B, T, generator=g) * scale).to(device)
+    m = (torch.rand(B, T, generator=g) < p_active).to(device)
+    boot = (torch.randn(B, generator=g) * scale).to(device)
+    return r, v, m, boot
+
+
+def group_inputs(B, groups, seed, device):
+    """(scores, group_ids in [0, groups), valid with ~15% invalid rows)."""
+    g = torch.Generator().manual_seed(seed)
+    s = (torch.randn(B, generator=g) * 2 + 1).to(device)
+    gid = torch.randint(0, groups, (B,), generator=g).to(device)
+    ok = (torch.rand(B, generator=g) > 0.15).to(device)
+    return s, gid, ok
+
+
+def judge_gae(r, v, m, boot, gamma, lam, device, backend="triton"):
+    """{gae_advantages, gae_returns: worst error / contract bound}; masked tokens must be exact 0."""
+    from ..advantages import gae
+    from ..reference.advantages import gae_reference
+
+    adv, ret = gae(r, v, m, gamma=gamma, lam=lam, bootstrap_values=boot, backend=backend)
+    m64 = np.ones(r.shape, bool) if m is None else m.cpu().numpy()
+    b64 = None if boot is None else boot.cpu().numpy()
+    ra, rr, sc = gae_reference(r.cpu().numpy(), v.cpu().numpy(), m64, b64, gamma, lam)
+    return {"gae_advantages": contracts.scaled_abs_ratio(adv.cpu(), ra, sc, _adv_bound("gae_advantages", device)),
+            "gae_returns": contracts.scaled_abs_ratio(ret.cpu(), rr, sc, _adv_bound("gae_returns", device))}
+
+
+def judge_group_advantages(s, gid, ok, num_groups, mode, device, backend="triton", eps=1e-6):
+    """{group_advantages: worst error / contract bound}; invalid rows must be exact 0."""
+    from ..advantages import group_advantages
+    from ..reference.advantages import group_advantages_reference
+
+    out = group_advantages(s, gid, num_groups=num_groups, mode=mode, valid=ok, eps=eps, backend=backend)
+    ref, sc = group_advantages_reference(s.cpu().numpy(), gid.cpu().numpy(),
+                                         None if ok is None else ok.cpu().numpy(), mode, eps)
+    return {"group_advantages": contracts.scaled_abs_ratio(out.cpu(), ref, sc, _adv_bound("group_advantages", device))}
+
+
+def judge_reinforce_pp(s, gid, mask, ok, num_groups, device, backend="triton"):
+    from ..advantages import reinforce_pp_baseline
+    from ..reference.advantages import reinforce_pp_baseline_reference
+
+    out = reinforce_pp_baseline(s, gid, mask, num_groups=num_groups, valid=ok, backend=backend)
+    ref, sc = reinforce_pp_baseline_reference(s.cpu().numpy(), gid.cpu().numpy(), mask.cpu().numpy(),
+                                              ok.cpu().numpy())
+    return {"group_advantages": contracts.scaled_abs_ratio(out.cpu(), ref, sc, _adv_bound("group_advantages", device))}
+
+
+# ---- row ops for the invariance harness (rlk_triton.testing.invariance) ----
+
+def _seed(gen):
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+
+
+def policy_row_op(T, device, aggregation="token-mean", adv_per_seq=False, backend="triton") -> RowOp:
+    """policy_loss's per-token loss and its d logp / d entropy, with every term on and a normalizer."""
+    spec = {"loss_type": "ppo", "aggregation": aggregation, "normalizer": NORMALIZER, **FEATURES["everything"]}
+
+    def make_rows(n, gen):
+        x = make_inputs(n, T, seed=_seed(gen), adv_per_seq=adv_per_seq, device=device)
+        return (x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], x["entropy"], x["rollout_logp"])
+
+    def forward(logp, old, adv, mask, ref, ent, roll):
+        kw, _ = policy_kwargs({"ref_logp": ref, "entropy": ent, "rollout_logp": roll}, spec)
+        kw["entropy"] = ent
+        return (policy_loss(logp, old, adv, mask=mask, backend=backend, **kw)[1],)
+
+    return RowOp(f"policy_loss.{backend}[T={T},{aggregation}{',adv[B]' if adv_per_seq else ''}]", forward, make_rows,
+                 grad_inputs=(0, 5))
+
+
+def ratio_kl_row_op(T, device, clamp=CLAMP, backend="triton") -> RowOp:
+    def make_rows(n, gen):
+        x = make_inputs(n, T, seed=_seed(gen), device=device)
+        return x["logp"], x["old_logp"], x["ref_logp"], x["mask"]
+
+    def forward(logp, old, ref, mask):
+        return ratio_kl(logp, old, ref, mask=mask, log_ratio_clamp=clamp, backend=backend)
+
+    return RowOp(f"ratio_kl.{backend}[T={T}]", forward, make_rows, grad_inputs=(0,))
+
+
+def gae_row_op(T, device, gamma=0.99, lam=0.95, backend="triton") -> RowOp:
+    """gae per row: (advantages, returns) of rows of (rewards, values, mask, bootstrap_values)."""
+    from ..advantages import gae
+
+    def make_rows(n, gen):
+        return gae_inputs(n, T, _seed(gen), device)
+
+    def forward(r, v, m, boot):
+        return gae(r, v, m, gamma=gamma, lam=lam, bootstrap_values=boot, backend=backend)
+
+    return RowOp(f"gae.{backend}[T={T}]", forward, make_rows)
+
+
+def group_row_op(members, device, mode="mean_std", backend="triton") -> RowOp:
+    """group_advantages with one GROUP per harness row: inputs scores [n, members] and valid [n, members].
+
+    The n groups are flattened member-major (g0 m0, g1 m0, ..., g0 m1, ...), so groups interleave and
+    a group's rows move with n and with its place: the harness then checks bitwise that a group's
+    advantages depend on its own members only (batch size, position, neighbours, empty groups).
+    """
+    from ..advantages import group_advantages
+
+    def make_rows(n, gen):
+        s = (torch.randn(n, members, generator=gen) * 2 + 1).to(device)
+        ok = (torch.rand(n, members, generator=gen) > 0.15).to(device)
+        return s, ok
+
+    def forward(s, ok):
+        n = s.shape[0]
+        gid = torch.arange(n, device=s.device).repeat(members)
+        out = group_advantages(s.t().reshape(-1), gid, num_groups=n, mode=mode, valid=ok.t().reshape(-1),
+                               backend=backend)
+        return (out.view(members, n).t(),)
+
+    return RowOp(f"group_advantages.{backend}[members={members},{mode}]", forward, make_rows)
+
+
+# ---- parity cases (seeded, self-describing) ----
+
+@dataclass(frozen=True)
+class RatioKlCase:
+    B: int
+    T: int
+    estimator: str = "k3"
+    clamp: object = None
+    with_ref: bool = True
+    use_mask: bool = True
+    seed: int = 0
+    dtype = torch.float32  # the contract row that judges it
+
+    def label(self) -> str:
+        return (f"[{self.B}x{self.T}] {self.estimator} clamp={self.clamp} ref={self.with_ref} "
+                f"mask={self.use_mask}")
+
+
+@dataclass(frozen=True)
+class PolicyCase:
+    B: int
+    T: int
+    loss_type: str = "ppo"
+    aggregation: str = "token-mean"
+    feature: str = ""  # a key of FEATURES, or "" for the plain loss
+    adv_per_seq: bool = False
+    seed: int = 0
+    dtype = torch.float32
+
+    def spec(self) -> dict:
+        spec = {"loss_type": self.loss_type, "aggregation": self.aggregation,
+                "normalizer": _norm_for(self.aggregation), **FEATURES.get(self.feature, {})}
+        if self.loss_type == "cispo":
+            spec["dual_clip_c"] = None
+        return spec
+
+    def label(self) -> str:
+        return f"[{self.B}x{self.T}] {self.loss_type} {self.aggregation} {self.feature or 'plain'}" + (
+            " adv[B]" if self.adv_per_seq else "")
+
+
+@dataclass(frozen=True)
+class GaeCase:
+    B: int
+    T: int
+    gamma: float = 0.99
+    lam: float = 0.95
+    seed: int = 0
+    dtype = torch.float32
+
+    def label(self) -> str:
+        return f"[{self.B}x{self.T}] gamma={self.gamma} lam={self.lam}"
+
+
+@dataclass(frozen=True)
+class GroupCase:
+    B: int
+    groups: int
+    mode: str = "mean_std"
+    seed: int = 0
+    dtype = torch.float32
+
+    def label(self) -> str:
+        return f"B={self.B} groups={self.groups} {self.mode}"
+
+
+def judge_case(case, device, backend="triton") -> dict:
+    """Judge one parity case of any RL operator: {name: worst error / contract bound} (<= 1 passes)."""
+    if isinstance(case, RatioKlCase):
+        x = make_inputs(case.B, case.T, seed=case.seed, empty_rows=(min(1, case.B - 1),), device=device)
+        return judge_ratio_kl(x, device, with_ref=case.with_ref, use_mask=case.use_mask, estimator=case.estimator,
+                              clamp=case.clamp, backend=backend)
+    if isinstance(case, PolicyCase):
+        x = make_inputs(case.B, case.T, seed=case.seed, adv_per_seq=case.adv_per_seq,
+                        empty_rows=(min(1, case.B - 1),), device=device)
+        return judge_policy(x, case.spec(), device, backend=backend)
+    if isinstance(case, GaeCase):
+        r, v, m, boot = gae_inputs(case.B, case.T, case.seed, device)
+        if case.B > 1:
+            m[1] = False  # a fully masked row
+        if case.T > 3:
+            m[0, -3:] = False  # right padding
+        return judge_gae(r, v, m, boot, case.gamma, case.lam, device, backend)
+    if isinstance(case, GroupCase):
+        s, gid, ok = group_inputs(case.B, case.groups, case.seed, device)
+        return judge_group_advantages(s, gid, ok, case.groups + 2, case.mode, device, backend)  # 2 empty groups
+    raise TypeError(f"not an RL parity case: {case!r}")
+
+
+# ---- the registry entries ----
+
+def _probe_with(case):
+    def probe(backend, device):
+        ratios = judge_case(case, device, backend)
+        if not max(ratios.values()) <= 1.0:
+            raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
+    return probe
+
+
+def _backends(op, kernels, autograd, shapes, invariance_note):
+    from ..registry import Backend
+
+    dtypes = ("float32",)  # per-token logp, advantages and rewards are fp32: the contracts' only row
+    common = dict(dtypes=dtypes, autograd=autograd, parallel_modes=("data",), shape_ranges=shapes,
+                  batch_invariant=True, bitwise_deterministic=True)
+    return (
+        Backend(op, "triton", f"Triton kernels, {kernels}", "production", strict_eligible=True, optimized=True,
+                speed_rank=0, devices="cuda (tuned for sm90); cpu only under the Triton interpreter",
+                notes=invariance_note, **common),
+        Backend(op, "torch_reference", "float64 torch rounded once, rlk_triton/ops/rl_torch.py", "reference",
+                strict_eligible=True, optimized=False, speed_rank=100, devices="cuda or cpu (any torch build)",
+                notes=f"slow; fixed-shape row sums (16-row chunks x 256-token tiles). {invariance_note}".strip(),
+                **common),
+    )
+
+
+def rl_operators() -> list:
+    """registry.Operator entries of ratio_kl, policy_loss, gae and group_advantages."""
+    from ..registry import Operator
+
+    bt = {"B": "any", "T": "< 2^24", "B*T": "< 2^31"}
+    both = ("triton", "torch_reference")
+
+    def ratio_kl_cases(on_gpu):
+        B, T = (64, 8192) if on_gpu else (4, 45)
+        return [RatioKlCase(B, T, "k3", CLAMP, seed=1), RatioKlCase(B, T, "k2", None, use_mask=False, seed=2),
+                RatioKlCase(3, 300, "k1", None, with_ref=False, seed=3)]
+
+    def policy_cases(on_gpu):
+        B, T = (64, 8192) if on_gpu else (4, 33)
+        return [PolicyCase(B, T, "ppo", "token-mean", seed=11),
+                PolicyCase(B, T, "grpo", "seq-mean-token-mean", "everything", seed=12),
+                PolicyCase(B, T, "dr_grpo", "seq-mean-token-sum-norm", "tis_mask", adv_per_seq=True, seed=13),
+                PolicyCase(B, T, "cispo", "seq-mean-token-sum", "entropy", seed=14)]
+
+    def gae_cases(on_gpu):
+        big = [GaeCase(64, 8192, seed=23)] if on_gpu else []
+        return [GaeCase(4, 31, seed=21), GaeCase(3, 700, 1.0, 1.0, seed=22)] + big
+
+    def group_cases(on_gpu):
+        big = [GroupCase(4096, 512, m, seed=34) for m in ("mean", "mean_std", "rloo")] if on_gpu else []
+        return [GroupCase(64, 9, "mean", 31), GroupCase(64, 9, "mean_std", 32), GroupCase(64, 9, "rloo", 33),
+                GroupCase(1, 1, "mean_std", 35)] + big
+
+    per_token = ("per-token values and gradients bitwise independent of the other rows; "
+                 "the scalar loss's gradient too when a normalizer is passed")
+    return [
+        Operator("ratio_kl", "rl_losses",
+                 _backends("ratio_kl", "rlk_triton/ops/rl_losses.py", True, bt, ""),
+                 ratio_kl_cases, judge_case,
+                 lambda device, on_gpu: [ratio_kl_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                 _probe_with(RatioKlCase(2, 9, "k3", CLAMP, seed=5))),
+        Operator("policy_loss", "rl_losses",
+                 _backends("policy_loss", "rlk_triton/ops/rl_losses.py", True, bt, per_token),
+                 policy_cases, judge_case,
+                 lambda device, on_gpu: [policy_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                 _probe_with(PolicyCase(2, 9, "grpo", "seq-mean-token-mean", "everything", seed=6))),
+        Operator("gae", "advantages",
+                 _backends("gae", "rlk_triton/ops/advantages.py", False, bt, "per row"),
+                 gae_cases, judge_case,
+                 lambda device, on_gpu: [gae_row_op(8192 if on_gpu else 300, device, backend=b) for b in both],
+                 _probe_with(GaeCase(1, 9, seed=7))),
+        Operator("group_advantages", "advantages",
+                 _backends("group_advantages", "rlk_triton/ops/advantages.py", False,
+                           {"B": "any", "num_groups": "any"},
+                           "per group: a group's values depend on its own members and their order only"),
+                 group_cases, judge_case,
+                 lambda device, on_gpu: [group_row_op(8 if on_gpu else 4, device, m, backend=b)
+                                         for b in both for m in ("mean_std", "rloo")],
+                 _probe_with(GroupCase(12, 3, "mean_std", seed=8))),
+    ]
