@@ -22,11 +22,11 @@ from rlk_triton.testing.linear_parity import UNIT_ROUNDOFF, LinearCase, linear_e
 
 def cases(on_gpu):
     if on_gpu:
-        shapes = [(64, 4096, 32000), (32, 1024, 50257), (33, 512, 4099)]
+        shapes = [(64, 4096, 32000), (33, 512, 4099)]
     else:
         shapes = [(19, 48, 300), (8, 96, 1000), (33, 32, 130)]
     out = []
-    for dt in (torch.bfloat16, torch.float16, torch.float32):
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
         for i, (n, h, v) in enumerate(shapes):
             for scale in (1.0, 5.0, 20.0):
                 for t, bias in ((1.0, False), (0.7, True)):
