@@ -97,9 +97,10 @@ def _selected_logp() -> Operator:
 
 
 def operators() -> list[Operator]:
+    from .testing.linear_parity import linear_logp_operator
     from .testing.rl_ops import rl_operators as _rl_operators
 
-    return [_selected_logp(), *_rl_operators()]
+    return [_selected_logp(), linear_logp_operator(), *_rl_operators()]
 
 
 def operator(name: str) -> Operator:

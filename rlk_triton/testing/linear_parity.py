@@ -170,3 +170,43 @@ def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.
 
     return RowOp(f"linear_logp[H={H},V={V},{contracts.dtype_name(dtype)}]", forward, make_rows,
                  grad_inputs=(0,), make_padding=padding)
+
+
+def linear_logp_operator():
+    """The registry.Operator entry of linear_logp (one backend: the Triton kernels)."""
+    from ..registry import Backend, Operator
+
+    def cases(on_gpu):
+        if on_gpu:
+            shapes = [(64, 4096, 32000), (33, 512, 4099)]
+        else:
+            shapes = [(7, 32, 200)]
+        return [LinearCase(n, h, v, dt, t, 3.0, bias, seed=v + i)
+                for n, h, v in shapes
+                for i, dt in enumerate((torch.bfloat16, torch.float16, torch.float32))
+                for t, bias in ((1.0, False), (0.7, True))]
+
+    def judge(case, device, backend="triton"):
+        if backend != "triton":
+            raise ValueError(f"linear_logp has no backend {backend!r}")
+        return judge_linear_logp(case, device)
+
+    def row_ops(device, on_gpu):
+        H, V = (4096, 151936) if on_gpu else (32, 200)
+        return [linear_logp_row_op(H, V, dt, device) for dt in (torch.bfloat16, torch.float32)]
+
+    def probe(backend, device):
+        ratios = judge(LinearCase(4, 32, 130, torch.float32, 0.9, 3.0, True, seed=1), device, backend)
+        if max(ratios.values()) > 1.0:
+            raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
+
+    shapes = {"H": "any", "V_local": "any >= 1", "tokens": "any"}
+    backend = Backend(
+        "linear_logp", "triton", "Triton kernels, rlk_triton/ops/linear_logp.py", "production",
+        strict_eligible=True, optimized=True, speed_rank=0, dtypes=("bfloat16", "float16", "float32"),
+        devices="cuda (tuned for sm90); cpu only under the Triton interpreter", autograd=True,
+        parallel_modes=("data", "tensor_vocab"), shape_ranges=shapes, batch_invariant=True,
+        bitwise_deterministic=True,
+        notes="logp, entropy, d hidden batch-invariant; d weight / d bias deterministic; TP bitwise when "
+              "shards start at multiples of chunk_v (docs/linear_logp.md)")
+    return Operator("linear_logp", "linear_logp", (backend,), cases, judge, row_ops, probe)
