@@ -72,10 +72,11 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 @triton.jit
 def _matmul_kernel(
     a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn,
-    c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on,
+    c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr,
     M, N, K,
-    ACCUMULATE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     om = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -87,6 +88,8 @@ def _matmul_kernel(
     on64 = on.to(tl.int64)[None, :]
     if ACCUMULATE:
         acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
+    if HAS_BIAS:  # added in fp32 before the one rounding to the output dtype
+        acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
     tl.store(out_ptr + om64 * stride_om + on64 * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -96,17 +99,19 @@ def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
 
 
 def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optional[torch.Tensor] = None,
-                cfg: Optional[configs.MatmulConfig] = None) -> torch.Tensor:
-    """out = a @ b (+ c_in), written into `out` (any strides; may be c_in itself).
+                cfg: Optional[configs.MatmulConfig] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out = a @ b (+ c_in) (+ bias), written into `out` (any strides; may be c_in itself).
 
-    a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N].
+    a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
+    bias [N] contiguous.
     """
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
         return out
-    if K == 0:  # an empty sum: zero, plus c_in
-        out.copy_(c_in if c_in is not None else torch.zeros_like(out))
+    if K == 0:  # an empty sum: zero, plus c_in, plus bias
+        base = c_in.float() if c_in is not None else torch.zeros(out.shape, device=out.device)
+        out.copy_(base + bias.float() if bias is not None else base)
         return out
     cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype)
     upcast, ieee = operand_flags(a.dtype)
@@ -114,10 +119,78 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     _matmul_kernel[grid](
         a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
-        c, c.stride(0), c.stride(1), out, out.stride(0), out.stride(1),
+        c, c.stride(0), c.stride(1), out, out.stride(0), out.stride(1), bias if bias is not None else out,
         M, N, K,
-        ACCUMULATE=c_in is not None, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
+        ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+# ---- the public op: torch.library custom ops with autograd ----
+
+@torch.library.custom_op("rlk_triton::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    return matmul_into(a, b, out, bias=bias)
+
+
+@_matmul_op.register_fake
+def _(a, b, bias):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b, bias = inputs
+    ctx.save_for_backward(a, b)
+    ctx.has_bias = bias is not None
+
+
+def _matmul_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    grad = grad.contiguous()
+    # d a = grad @ b^T: row i reads grad row i only (the same kernel: rows batch-invariant).
+    da = _matmul_op(grad, b.t(), None) if ctx.needs_input_grad[0] else None
+    # d b = a^T @ grad and d bias = 1^T @ grad: sums over the rows of the batch in ascending
+    # block_k steps: deterministic, not batch-invariant.
+    db = _matmul_op(a.t(), grad, None) if ctx.needs_input_grad[1] else None
+    dbias = None
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        dbias = _matmul_op(grad.new_ones((1, grad.shape[0])), grad, None).reshape(-1)
+    return da, db, dbias
+
+
+_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """a @ b (+ bias) in a's dtype with fp32 accumulation and no split-K; differentiable.
+
+    a [..., K] (leading dims flattened), b [K, N] (any strides: pass weight.t() for a linear
+    layer), bias [N]; one dtype (bf16, fp16, fp32; fp32 is IEEE, never TF32), one device.
+    Rows of the result and of d a are bitwise independent of the other rows (docs/matmul.md).
+    """
+    from ..errors import DeviceError, DTypeError, ShapeError
+
+    for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
+        if not isinstance(x, torch.Tensor):
+            raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise DTypeError(name, f"dtype {x.dtype} is not one of bfloat16, float16, float32")
+        if x.dtype != a.dtype:
+            raise DTypeError(name, f"dtype {x.dtype} differs from a's {a.dtype}")
+        if x.device != a.device:
+            raise DeviceError(name, f"on {x.device}, a on {a.device}")
+    if a.dim() < 1 or b.dim() != 2:
+        raise ShapeError("b" if a.dim() >= 1 else "a", f"need a [..., K] and b [K, N], got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[0]:
+        raise ShapeError("b", f"K = {b.shape[0]} does not match a's last dim {a.shape[-1]}")
+    if bias is not None and tuple(bias.shape) != (b.shape[1],):
+        raise ShapeError("bias", f"shape {tuple(bias.shape)} is not [N] = [{b.shape[1]}]")
+    if a.device.type == "cpu" and not interpreter_active():
+        raise DeviceError("a", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    lead = a.shape[:-1]
+    out = _matmul_op(a.reshape(-1, a.shape[-1]), b, bias.contiguous() if bias is not None else None)
+    return out.reshape(*lead, b.shape[1])
