@@ -98,9 +98,12 @@ def _selected_logp() -> Operator:
 
 def operators() -> list[Operator]:
     from .testing.linear_parity import linear_logp_operator
+    from .testing.matmul_parity import matmul_operator
     from .testing.rl_ops import rl_operators as _rl_operators
+    from .testing.rowwise import rmsnorm_operator, swiglu_operator
 
-    return [_selected_logp(), linear_logp_operator(), *_rl_operators()]
+    return [_selected_logp(), linear_logp_operator(), matmul_operator(), rmsnorm_operator(), swiglu_operator(),
+            *_rl_operators()]
 
 
 def operator(name: str) -> Operator:
