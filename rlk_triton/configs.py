@@ -34,7 +34,7 @@ class MatmulConfig:
     group_m: int  # L2 swizzle of the launch grid: changes which program runs when, never the math
     num_warps: int
     num_stages: int
-    chunk_v: int = 0  # linear_logp: the canonical vocab chunk (a multiple of block_n); 0 = unused
+    chunk_v: int = 0  # linear_logp backward: the vocab chunk of d hidden's accumulation; 0 = unused
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -127,16 +127,16 @@ def _matmul_rows():
     for arch in ("sm90", "cuda"):
         for dt in ("bfloat16", "float16"):
             t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3)
-            t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096)
+            t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096)
         t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
-        t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
+        t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
     # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
     # still give tests several chunks and several K steps.
     for dt in _DTYPES:
         t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
-        t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+        t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
     return t
 

@@ -33,6 +33,10 @@ class TargetIndexError(InputError, IndexError):
     """A target id lies outside [0, V) and is not the ignore_index."""
 
 
+class IdRangeError(InputError, IndexError):
+    """An id indexing a table (an embedding's token id, a RoPE position id) lies outside the table."""
+
+
 class TemperatureError(InputError):
     """A temperature is not a finite positive number."""
 

@@ -99,11 +99,12 @@ def _selected_logp() -> Operator:
 def operators() -> list[Operator]:
     from .testing.linear_parity import linear_logp_operator
     from .testing.matmul_parity import matmul_operator
+    from .testing.positional import embedding_operator, rope_operator
     from .testing.rl_ops import rl_operators as _rl_operators
     from .testing.rowwise import rmsnorm_operator, swiglu_operator
 
     return [_selected_logp(), linear_logp_operator(), matmul_operator(), rmsnorm_operator(), swiglu_operator(),
-            *_rl_operators()]
+            rope_operator(), embedding_operator(), *_rl_operators()]
 
 
 def operator(name: str) -> Operator:

@@ -56,15 +56,15 @@ def log_of_sum(s):
     return tl.log2(s) * 0.6931471805599453
 
 
-# ---- Row blocks and chunk states (linear_logp) ----
+# ---- Row blocks and tile states (linear_logp) ----
 # linear_logp computes logits tile by tile and never stores them, so it reduces a block of rows at
-# once, and a row's vocab is cut into canonical chunks (configs chunk_v, global vocab positions):
-#   1. Inside a chunk, tiles of block_n columns fold into the state in increasing order
-#      (online_softmax_rows: online_softmax_tile's arithmetic, one state per row of the block).
-#   2. Each chunk's state (m, s, t) is stored; chunks then merge into the row's state strictly in
-#      increasing global chunk order, starting from the empty state (merge_softmax_states).
-# A chunk is a pure function of its rows and its vocab range, so a vocab shard that starts on a
-# chunk boundary yields the same chunk states on any rank: the merge then sees the same sequence.
+# once, and cuts a row's vocab into tiles of block_n columns at fixed global positions:
+#   1. Each tile's state (m, s, t) comes from online_softmax_rows applied once to the empty state
+#      (online_softmax_tile's arithmetic, one state per row of the block), and is stored.
+#   2. Tile states then merge into the row's state strictly in increasing global vocab order,
+#      starting from the empty state (merge_softmax_states).
+# A tile's state is a pure function of its rows and its vocab range, so a vocab shard that starts
+# on a tile boundary yields the same states on any rank: the merge then sees the same sequence.
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def online_softmax_rows(x, m, s, t, WITH_ENTROPY: tl.constexpr):
 
 @triton.jit
 def merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
-    """Fold a chunk's state (m_c, s_c, t_c) into the running state (m, s, t). An empty chunk
+    """Fold a tile's state (m_c, s_c, t_c) into the running state (m, s, t). An empty tile
     (m_c = -inf, s_c = t_c = 0) leaves the state bitwise unchanged."""
     m_new = tl.maximum(m, m_c)
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -107,9 +107,10 @@ def merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
 # row count N and two locked numbers (never the SM count, never atomics):
 #   3. Rows are cut into blocks of R consecutive rows (configs "rmsnorm_dw_rows"); the program of
 #      block b adds its rows' terms in increasing row order into an fp32 partial row P[b, :].
-#   4. The partials reduce like 1-2 with blocks for elements: lanes of a [BLOCK_B, columns] tile
-#      (BLOCK_B from configs "rmsnorm_dw_reduce") accumulate blocks b, b + BLOCK_B, ... in increasing
-#      order, then one tl.sum tree over the BLOCK_B lanes; dW is rounded to the weight's dtype once.
+#   4. The partials reduce as in 1-2, blocks taking the place of tiles: per column, lane b of a
+#      [BLOCK_B, columns] tile (BLOCK_B from configs "rmsnorm_dw_reduce") accumulates the partials of
+#      blocks b, b + BLOCK_B, ... in increasing order, then one tl.sum tree over the BLOCK_B lanes;
+#      dW is rounded to the weight's dtype once. Columns are independent: their tiling never matters.
 # So dW is run-to-run deterministic for a given N, and bitwise equal for equal (rows, order).
 
 
