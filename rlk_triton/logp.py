@@ -247,7 +247,7 @@ def _check_linear_inputs(hidden, weight, bias, target_ids):
     elif hidden.device.type != "cuda":
         raise DeviceError("hidden", f"unsupported device {hidden.device}")
     lead = tuple(hidden.shape[:-1])
-    _check_index("target_ids", target_ids, hidden, lead)
+    _check_index("target_ids", target_ids, hidden, lead, against="hidden")
     if weight.shape[0] == 0 and math.prod(lead) > 0:
         raise ShapeError("weight", "has no vocab rows")
     return hidden.reshape(-1, H), lead
@@ -308,16 +308,16 @@ def _check_logits(logits, backend) -> tuple[int, ...]:
     return lead
 
 
-def _check_index(name, ids, logits, shape):
+def _check_index(name, ids, logits, shape, against="logits"):
     if not isinstance(ids, torch.Tensor):
         raise DTypeError(name, f"expected a torch.Tensor, got {type(ids).__name__}")
     if ids.dtype not in SUPPORTED_INDEX_DTYPES:
         raise DTypeError(name, f"dtype {ids.dtype} is not int32 or int64")
     if tuple(ids.shape) != tuple(shape):
         raise ShapeError(name, f"shape {tuple(ids.shape)} does not match {tuple(shape)}"
-                         f" (logits {tuple(logits.shape)})")
+                         f" ({against} {tuple(logits.shape)})")
     if ids.device != logits.device:
-        raise DeviceError(name, f"on {ids.device}, logits on {logits.device}")
+        raise DeviceError(name, f"on {ids.device}, {against} on {logits.device}")
 
 
 def _check_temperature(temperature, shape, device, validate):

@@ -159,3 +159,23 @@ def test_temperature_change_does_not_recompile():
     for t in (0.5, 0.7, 1.3):
         linear_logp(hidden, weight, targets, temperature=t)
     assert len(op._tile_stats_kernel.device_caches[0][0]) == before
+
+
+def test_under_torch_compile(device):
+    hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True, seed=8), device)
+
+    def f(h, w, b, t):
+        lp, ent = linear_logp(h, w, t, bias=b, temperature=0.8, return_entropy=True, validate=False)
+        return (lp + 0.1 * ent).sum()
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    eager_leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    out = compiled(*leaves, targets)
+    ref = f(*eager_leaves, targets)
+    out.backward()
+    ref.backward()
+    assert torch.equal(out, ref)
+    for a, b in zip(leaves, eager_leaves):
+        assert torch.equal(a.grad, b.grad)
