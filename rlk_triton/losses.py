@@ -303,6 +303,9 @@ def _check_mask(mask, logp) -> torch.Tensor:
         raise DeviceError("mask", f"on {mask.device}, logp on {logp.device}")
     if mask.dtype != torch.bool:
         mask = mask != 0
+    if torch.compiler.is_compiling():
+        # Inductor (torch 2.11) cannot lower the bool -> uint8 view: copy (same 0/1 bytes) instead.
+        return mask.to(torch.uint8).contiguous()
     return mask.contiguous().view(torch.uint8)
 
 
