@@ -138,6 +138,19 @@ def _matmul_rows():
         t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+    # Attention (rlk_triton/ops/attention.py): block_m = query rows per tile, block_n = the KV block
+    # of the online softmax (the reduction order), block_k = 0 (the head dim is the whole K), group_m
+    # unused. attention_decode MUST equal attention_fwd in block_m, block_n and num_warps: the decode
+    # path then runs the training forward's tiles, so a token's out / LSE are the same bits. Untuned.
+    for arch in ("sm90", "cuda"):
+        for dt, fwd in (("bfloat16", (128, 64, 8)), ("float16", (128, 64, 8)), ("float32", (64, 32, 4))):
+            t[("attention_fwd", arch, dt, "any")] = MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], 3)
+            t[("attention_decode", arch, dt, "any")] = MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], 3)
+            t[("attention_bwd_dkdv", arch, dt, "any")] = MatmulConfig(64, 64, 0, 1, 4, 2)
+            t[("attention_bwd_dq", arch, dt, "any")] = MatmulConfig(64, 64, 0, 1, 4, 2)
+    for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
+        for kernel in ("attention_fwd", "attention_decode", "attention_bwd_dkdv", "attention_bwd_dq"):
+            t[(kernel, "interpreter", dt, "any")] = MatmulConfig(16, 16, 0, 1, 4, 1)
     return t
 
 

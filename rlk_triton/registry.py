@@ -97,6 +97,7 @@ def _selected_logp() -> Operator:
 
 
 def operators() -> list[Operator]:
+    from .testing.attention_parity import attention_operator
     from .testing.linear_parity import linear_logp_operator
     from .testing.matmul_parity import matmul_operator
     from .testing.positional import embedding_operator, rope_operator
@@ -104,7 +105,7 @@ def operators() -> list[Operator]:
     from .testing.rowwise import rmsnorm_operator, swiglu_operator
 
     return [_selected_logp(), linear_logp_operator(), matmul_operator(), rmsnorm_operator(), swiglu_operator(),
-            rope_operator(), embedding_operator(), *_rl_operators()]
+            rope_operator(), embedding_operator(), attention_operator(), *_rl_operators()]
 
 
 def operator(name: str) -> Operator:

@@ -118,3 +118,20 @@ def merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
 def fold_products(acc, a, b):
     """Lane-wise fold of one fp32 tile's products a * b into acc (masked lanes hold a = 0)."""
     return acc + a * b
+
+
+# ---- Attention: the online softmax over KV blocks (rlk_triton/ops/attention.py) ----
+# Per query row, state (m, l, acc) in fp32, m in log2 units (scores times scale * log2 e):
+#   1. Start from m = -inf, l = 0, acc = 0. KV blocks of BLOCK_N keys (configs "attention_fwd"; the
+#      decode kernel's block_n is locked equal) are measured from the sequence's position 0 and folded
+#      strictly in ascending order by attn_block_update, the one helper both kernels call:
+#        s = where(visible, (q @ k^T) * (scale * log2 e), -inf)       (fp32 tl.dot)
+#        m_new = max(m, rowmax(s)); shift = m_new, or 0 while m_new = -inf (no -inf - -inf)
+#        p = exp2(s - shift); alpha = exp2(m - shift)
+#        l = l * alpha + rowsum(p);  acc = acc * alpha + p_lowp @ v  (p rounded to v's dtype)
+#      A block with no visible key for a row leaves that row's state bitwise unchanged (alpha = 1,
+#      p = 0), so loops that differ only by such blocks (training vs decode) give the same bits.
+#   2. out = acc / l, rounded once to the output dtype; lse = (m + log2 l) * ln 2 (natural log).
+# Context parallelism chains the state: a KV range starting at a multiple of BLOCK_N continues from
+# the previous range's (m, l, acc) -- the same updates in the same order. Merging independently
+# normalized partials (merge_softmax_states' arithmetic) is not associative, hence not bitwise.

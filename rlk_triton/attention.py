@@ -1,0 +1,269 @@
+"""Batch-invariant attention with exported LSE (docs/attention.md).
+
+    out, lse = attention(q, k, v, cu_seqlens)                       # training: varlen, causal
+    out, lse = attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q)
+    out, lse = merge_attention_partials(outs, lses)                 # context parallelism
+
+A token's out and LSE are bitwise the same from the training path and the paged decode path, and
+independent of the other sequences of a pack (their number, lengths, order, padding).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from . import configs
+from ._runtime import arch_of, interpreter_active
+from .errors import DeviceError, DTypeError, InputError, LayoutError, ShapeError
+
+__all__ = ["attention", "attention_partial", "attention_decode", "merge_attention_partials"]
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_INTS = (torch.int32,)
+
+
+def _check_float(name, x, like=None, dim=3):
+    if not isinstance(x, torch.Tensor):
+        raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        raise DTypeError(name, f"dtype {x.dtype} is not one of bfloat16, float16, float32")
+    if like is not None and x.dtype != like.dtype:
+        raise DTypeError(name, f"dtype {x.dtype} differs from q's {like.dtype}")
+    if like is not None and x.device != like.device:
+        raise DeviceError(name, f"on {x.device}, q on {like.device}")
+    if x.dim() != dim:
+        raise ShapeError(name, f"must be {dim}-D, got shape {tuple(x.shape)}")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise LayoutError(name, "the head dim must be contiguous (stride 1)")
+
+
+def _check_device(q):
+    if q.device.type == "cpu" and not interpreter_active():
+        raise DeviceError("q", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    if q.device.type not in ("cpu", "cuda"):
+        raise DeviceError("q", f"unsupported device {q.device}")
+
+
+def _check_heads(q, k_heads, k_name):
+    D = q.shape[-1]
+    if D < 16 or D > 256 or D & (D - 1):
+        raise ShapeError("q", f"head dim {D} must be a power of two in [16, 256]")
+    if k_heads == 0 or q.shape[1] % k_heads:
+        raise ShapeError(k_name, f"{k_heads} kv heads do not divide q's {q.shape[1]} heads")
+
+
+def _check_index(name, x, q, dim=1):
+    if not isinstance(x, torch.Tensor) or x.dtype not in _INTS:
+        raise DTypeError(name, "must be an int32 tensor")
+    if x.dim() != dim:
+        raise ShapeError(name, f"must be {dim}-D, got shape {tuple(x.shape)}")
+    if x.device != q.device:
+        raise DeviceError(name, f"on {x.device}, q on {q.device}")
+
+
+def _scale(scale, D):
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    s = float(scale)
+    if not math.isfinite(s) or s <= 0:
+        raise InputError("scale", f"must be a finite number > 0, got {scale!r}")
+    return s
+
+
+def _check_cu(cu_seqlens, N, max_seqlen, validate, name="cu_seqlens", arg_max="max_seqlen"):
+    """The (validated) max_seqlen. validate=True syncs once and checks the offsets."""
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
+                                   or max_seqlen < 0):
+        raise InputError(arg_max, f"must be an int >= 0, got {max_seqlen!r}")
+    if cu_seqlens.numel() < 1:
+        raise ShapeError(name, "must hold at least one offset [S + 1]")
+    if validate or max_seqlen is None:
+        cu = cu_seqlens.long().cpu()
+        lengths = cu[1:] - cu[:-1]
+        longest = int(lengths.max()) if lengths.numel() else 0
+        if validate:
+            if int(cu[0]) != 0 or int(cu[-1]) != N or bool((lengths < 0).any()):
+                raise InputError(name, f"must start at 0, not decrease and end at {N} (the token count)")
+            if max_seqlen is not None and longest > max_seqlen:
+                raise InputError(arg_max, f"{max_seqlen} is shorter than the longest sequence ({longest})")
+        if max_seqlen is None:
+            max_seqlen = longest
+    return max_seqlen
+
+
+def _cu_or_one(cu_seqlens, q):
+    if cu_seqlens is None:
+        return torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    _check_index("cu_seqlens", cu_seqlens, q)
+    return cu_seqlens
+
+
+def _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate):
+    _check_float("q", q)
+    _check_float("k", k, q)
+    _check_float("v", v, q)
+    _check_device(q)
+    if k.shape != v.shape:
+        raise ShapeError("v", f"shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ShapeError("k", f"shape {tuple(k.shape)} does not fit q's {tuple(q.shape)} ([N, Hkv, D])")
+    _check_heads(q, k.shape[1], "k")
+    cu = _cu_or_one(cu_seqlens, q)
+    return cu, _check_cu(cu, q.shape[0], max_seqlen, validate), _scale(scale, q.shape[-1])
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None,
+              *, max_seqlen: Optional[int] = None, causal: bool = True, scale: Optional[float] = None,
+              validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen (packed) multi-head attention; differentiable in q, k, v (and through the LSE).
+
+    Args:
+        q: [N, Hq, D]; k, v: [N, Hkv, D] with Hkv dividing Hq (GQA); one dtype (bf16, fp16, fp32),
+            head dim a power of two in [16, 256], last dim contiguous.
+        cu_seqlens: int32 [S + 1] sequence offsets into the N packed tokens (None: one sequence).
+        max_seqlen: the longest sequence (sizes the launch grid; None: read from cu_seqlens).
+        causal: key j is visible to query i of the same sequence iff j <= i.
+        scale: the score scale, default 1 / sqrt(D).
+        validate: check cu_seqlens on the host (one device sync). With validate=False, invalid offsets
+            are undefined behaviour.
+    Returns:
+        out [N, Hq, D] in q's dtype (fp32 acc / l, rounded once at the store) and lse float32
+        [Hq, N], lse[h, t] = log sum_j exp(scale * q[t, h] . k[j, h // (Hq / Hkv)]) over visible j.
+    """
+    from .ops.attention import attention_fwd
+
+    cu, max_seqlen, scale = _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate)
+    return attention_fwd(q, k, v, cu, max_seqlen, scale, bool(causal))
+
+
+def attention_partial(q, k, v, cu_seqlens=None, *, kv_start: int = 0, kv_end: Optional[int] = None,
+                      state=None, max_seqlen=None, causal=True, scale=None, validate=True):
+    """Attention over the keys at positions [kv_start, kv_end) of each sequence only, continuing
+    from `state` (the state after the keys before kv_start) or from the empty state.
+
+    Returns (out, lse, state): out / lse normalized over the keys folded so far (the kernel's own
+    epilogue), and state = (m [Hq, N] fp32 running max in log2 units, l [Hq, N] fp32, acc [N, Hq, D]
+    fp32), the unnormalized online-softmax state. kv_start must be a multiple of the locked block_n.
+    Chaining ranges in ascending order, each continuing from the previous state, performs the same
+    block updates in the same order as attention(): the last call's out / lse are bitwise
+    attention()'s. Independent ranges' (out, lse) combine with merge_attention_partials (within
+    contract, not bitwise). Not differentiable.
+    """
+    from .ops.attention import INT32_MAX, launch_forward
+
+    cu, max_seqlen, scale = _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate)
+    bn = configs.lookup_matmul("attention_fwd", arch_of(q.device), q.dtype).block_n
+    end = INT32_MAX if kv_end is None else int(kv_end)
+    if int(kv_start) < 0 or int(kv_start) % bn or end < int(kv_start):
+        raise InputError("kv_start", f"must be a multiple of block_n = {bn}, >= 0 and <= kv_end")
+    if state is not None:
+        N, Hq, D = q.shape
+        m, l, acc = state
+        for name, x, shape in (("state[0]", m, (Hq, N)), ("state[1]", l, (Hq, N)), ("state[2]", acc, (N, Hq, D))):
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or tuple(x.shape) != shape \
+                    or not x.is_contiguous():
+                raise ShapeError(name, f"must be a contiguous float32 tensor of shape {shape}")
+    with torch.no_grad():
+        return launch_forward(q, k, v, cu, max_seqlen, scale, bool(causal), kv_range=(int(kv_start), end),
+                              state_in=state, state_out=True)
+
+
+def merge_attention_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]):
+    """Combine normalized partials (out_i [N, H, D], lse_i [H, N]) over disjoint KV ranges, folded in
+    the given order (pass them in ascending KV order): lse = log sum_i exp(lse_i), out = sum_i
+    exp(lse_i - lse) out_i, in fp32, out rounded once to outs[0]'s dtype.
+
+    Within the attention contract for any split; NOT bitwise equal to the unsplit kernel, because
+    the partial outs were already normalized and rounded (floating-point merges are not associative).
+    For bitwise context parallelism chain attention_partial states instead (docs/attention.md).
+    """
+    if not outs or len(outs) != len(lses):
+        raise ShapeError("outs", "need one lse per out and at least one partial")
+    for i, (o, s) in enumerate(zip(outs, lses)):
+        _check_float(f"outs[{i}]", o, outs[0])
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+            raise DTypeError(f"lses[{i}]", "must be a float32 tensor")
+        if tuple(s.shape) != (o.shape[1], o.shape[0]) or o.shape != outs[0].shape:
+            raise ShapeError(f"lses[{i}]", f"shape {tuple(s.shape)} must be [H, N] of outs[0] {tuple(outs[0].shape)}")
+    m = lses[0].clone()
+    l = torch.ones_like(m)
+    l = torch.where(m == float("-inf"), torch.zeros_like(l), l)
+    acc = outs[0].float() * l.t()[:, :, None]
+    for o, s in zip(outs[1:], lses[1:]):  # reduction.merge_softmax_states' arithmetic, natural log
+        m_new = torch.maximum(m, s)
+        shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        alpha, beta = torch.exp(m - shift), torch.exp(s - shift)
+        l = l * alpha + beta
+        acc = acc * alpha.t()[:, :, None] + o.float() * beta.t()[:, :, None]
+        m = m_new
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    out = (acc / l_safe.t()[:, :, None]).to(outs[0].dtype)
+    lse = torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(l_safe))
+    return out, lse
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     cache_seqlens: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor] = None, *,
+                     max_seqlen_q: Optional[int] = None, scale: Optional[float] = None,
+                     validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of new tokens against a paged KV cache (decode and chunked prefill).
+
+    Args:
+        q: [N_new, Hq, D], the new tokens of B sequences packed (cu_seqlens_q int32 [B + 1]; None:
+            one token per sequence, N_new = B).
+        k_cache, v_cache: [num_pages, page_size, Hkv, D], already holding every token's k / v, the new
+            ones included. page_size must be a multiple of the locked block_n (LayoutError).
+        block_table: int32 [B, max_pages]: page of logical page i of sequence b.
+        cache_seqlens: int32 [B]: each sequence's length INCLUDING its new tokens; sequence b's new
+            tokens sit at positions [cache_seqlens[b] - n_b, cache_seqlens[b]).
+        validate: check the offsets and lengths on the host (one sync).
+    Returns out [N_new, Hq, D] (q's dtype) and lse float32 [Hq, N_new]: for each token bitwise what
+    attention(causal=True) gives it over the same sequence.
+    """
+    from .ops.attention import launch_decode
+
+    _check_float("q", q)
+    _check_float("k_cache", k_cache, q, dim=4)
+    _check_float("v_cache", v_cache, q, dim=4)
+    _check_device(q)
+    if k_cache.shape != v_cache.shape:
+        raise ShapeError("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache's {tuple(k_cache.shape)}")
+    if k_cache.shape[3] != q.shape[2]:
+        raise ShapeError("k_cache", f"head dim {k_cache.shape[3]} differs from q's {q.shape[2]}")
+    _check_heads(q, k_cache.shape[2], "k_cache")
+    bn = configs.lookup_matmul("attention_decode", arch_of(q.device), q.dtype).block_n
+    page_size = k_cache.shape[1]
+    if page_size == 0 or page_size % bn:
+        raise LayoutError("k_cache", f"page_size {page_size} must be a multiple of block_n = {bn} (a KV "
+                          "block must lie inside one page)")
+    _check_index("block_table", block_table, q, dim=2)
+    _check_index("cache_seqlens", cache_seqlens, q)
+    B = cache_seqlens.numel()
+    if block_table.shape[0] != B:
+        raise ShapeError("block_table", f"has {block_table.shape[0]} rows, cache_seqlens {B}")
+    if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+        raise LayoutError("block_table", "rows must be contiguous")
+    if cu_seqlens_q is None:
+        if q.shape[0] != B:
+            raise ShapeError("q", f"{q.shape[0]} tokens but {B} sequences (pass cu_seqlens_q for chunks)")
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device)
+        max_seqlen_q = 1
+    else:
+        _check_index("cu_seqlens_q", cu_seqlens_q, q)
+        if cu_seqlens_q.numel() != B + 1:
+            raise ShapeError("cu_seqlens_q", f"must be [B + 1] = [{B + 1}], got {cu_seqlens_q.numel()}")
+        cu_q = cu_seqlens_q
+        max_seqlen_q = _check_cu(cu_q, q.shape[0], max_seqlen_q, validate, "cu_seqlens_q", "max_seqlen_q")
+    if validate:
+        lens = cache_seqlens.long().cpu()
+        n_new = cu_q.long().cpu().diff()
+        if bool((lens < n_new).any()) or bool((lens > block_table.shape[1] * page_size).any()):
+            raise InputError("cache_seqlens", "each length must be >= its new tokens and fit the block table's "
+                             f"{block_table.shape[1]} pages of {page_size}")
+        if B and block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
+            raise InputError("block_table", f"page ids must lie in [0, {k_cache.shape[0]})")
+    return launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_q, max_seqlen_q,
+                         _scale(scale, q.shape[-1]))

@@ -1,0 +1,477 @@
+"""Batch-invariant attention with exported LSE: varlen training forward / backward and paged decode.
+
+Layout: packed tokens. q [N, Hq, D], k / v [N, Hkv, D], cu_seqlens int32 [S + 1]; out [N, Hq, D] in
+the inputs' dtype; lse float32 [Hq, N], natural log: lse[h, t] = log sum_j exp(scale * q_t . k_j).
+
+Arithmetic (docs/attention.md, rlk_triton/ops/reduction.py "Attention"):
+  * one program per (sequence, query block of BLOCK_M rows, q head); blocks are measured from the
+    sequence's start, so packing never changes which rows share a tile or which keys a tile sees;
+  * KV blocks of BLOCK_N keys are folded in ascending order by attn_block_update (the one per-block
+    online-softmax update, shared by the training forward and the decode kernel), in log2 units:
+    s2 = (q @ k^T) * (scale * log2 e), p = exp2(s2 - m_new);
+  * out = acc / l in fp32, rounded once to the inputs' dtype at the store; lse = (m + log2 l) * ln 2.
+Backward: delta = rowsum(dO * O) - dLSE (fp32), then one program per (sequence, KV block, kv head)
+for dk / dv (q heads of the group, then query blocks, in ascending order) and one per (sequence,
+query block, q head) for dq (KV blocks ascending). No atomics: every gradient element is written by
+exactly one program, so the backward is deterministic and batch-invariant.
+
+Decode: the same tiles (block_m, block_n, num_warps locked equal to the forward's), query blocks aligned
+to absolute positions multiple of BLOCK_M, and keys read through the block table by LOGICAL block of
+BLOCK_N keys from position 0. page_size must be a multiple of BLOCK_N so that a KV block never
+straddles two pages. A token therefore sees the same instructions on the same operands as in the
+training forward: the same out and LSE bits.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import configs
+from .._runtime import arch_of
+from .matmul import operand_flags
+
+LOG2E = 1.4426950408889634
+INT32_MAX = 2**31 - 1
+
+
+# ---- the shared per-row arithmetic: used by the training forward and the decode kernel ----
+
+@triton.jit
+def _qk(q, k, IEEE: tl.constexpr):
+    """q [BM, D] @ k^T -> [BM, BN] fp32 (IEEE fp32 products for fp32 inputs, never TF32)."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return s
+
+
+@triton.jit
+def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
+    """Round an fp32 tile to the operands' dtype DT for a tensor-core dot (fp32: unchanged). Under the
+    interpreter bf16 dots are wrong, so the rounded value is widened back (exact)."""
+    y = x.to(DT)
+    if UPCAST:
+        y = y.to(tl.float32)
+    return y
+
+
+@triton.jit
+def attn_block_update(q, k, v, m, l, acc, qk_scale, valid, DT: tl.constexpr, UPCAST: tl.constexpr,
+                      IEEE: tl.constexpr):
+    """Fold one KV block into the per-row state (m, l, acc). m is in log2 units (scores times
+    scale * log2 e). `valid` [BM, BN] masks keys a row must not see (causal, beyond the sequence).
+    A block with no valid key for a row leaves that row's (m, l, acc) bitwise unchanged: the max is
+    unchanged, alpha = exp2(0) = 1, p = exp2(-inf) = 0 (and +0.0 products leave acc as is)."""
+    s = tl.where(valid, _qk(q, k, IEEE) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    # While a row has seen no valid key, shift by 0 instead of -inf: no -inf - -inf = NaN.
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - shift[:, None])
+    alpha = tl.exp2(m - shift)
+    l = l * alpha + tl.sum(p, 1)
+    acc = _dot_acc(_lowp(p, DT, UPCAST), v, acc * alpha[:, None], IEEE)
+    return m_new, l, acc
+
+
+@triton.jit
+def attn_finalize(m, l, acc):
+    """(out fp32, lse natural log) of a state; a row without any valid key gives out 0, lse -inf."""
+    empty = l == 0.0
+    l_safe = tl.where(empty, 1.0, l)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m + tl.log2(l_safe)) * 0.6931471805599453)
+    return out, lse
+
+
+@triton.jit
+def _load_rows(ptr, rows, ok, stride_t, rd, UPCAST: tl.constexpr):
+    """Rows [len(rows), D] of one head (ptr already offset to the head); masked rows read 0."""
+    x = tl.load(ptr + rows.to(tl.int64)[:, None] * stride_t + rd[None, :], mask=ok[:, None], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+# ---- training forward ----
+
+@triton.jit
+def _fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
+    m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h,
+    qk_scale, kv_lo, kv_hi,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    seq = tl.program_id(1)
+    h = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    seq_len = tl.load(cu_ptr + seq + 1) - start
+    if mb * BLOCK_M >= seq_len:
+        return
+    hk = h // GROUP
+    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # positions inside the sequence
+    rd = tl.arange(0, HEAD_DIM)
+    row_ok = rm < seq_len
+    tok = start + rm
+    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+    if STATE_IN:  # continue from the state of the KV blocks before kv_lo (context parallelism)
+        m = tl.load(m_st_ptr + h * s_st_h + tok, mask=row_ok, other=float("-inf"))
+        l = tl.load(l_st_ptr + h * s_st_h + tok, mask=row_ok, other=0.0)
+        acc = tl.load(acc_st_ptr + tok.to(tl.int64)[:, None] * sacc_t + h * sacc_h + rd[None, :],
+                      mask=row_ok[:, None], other=0.0)
+    else:
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum((mb + 1) * BLOCK_M, seq_len)
+    hi = tl.minimum(hi, kv_hi)
+    k_head = k_ptr + hk * sk_h
+    v_head = v_ptr + hk * sv_h
+    for n0 in range(kv_lo, hi, BLOCK_N):  # ascending KV blocks: the reduction order
+        rn = n0 + tl.arange(0, BLOCK_N)
+        col_ok = rn < hi
+        k = _load_rows(k_head, start + rn, col_ok, sk_t, rd, UPCAST)
+        v = _load_rows(v_head, start + rn, col_ok, sv_t, rd, UPCAST)
+        valid = col_ok[None, :]
+        if CAUSAL:
+            valid = valid & (rn[None, :] <= rm[:, None])
+        m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, v_ptr.dtype.element_ty,
+                                      UPCAST, IEEE)
+    if STATE_OUT:
+        tl.store(m_st_ptr + h * s_st_h + tok, m, mask=row_ok)
+        tl.store(l_st_ptr + h * s_st_h + tok, l, mask=row_ok)
+        tl.store(acc_st_ptr + tok.to(tl.int64)[:, None] * sacc_t + h * sacc_h + rd[None, :], acc,
+                 mask=row_ok[:, None])
+    out, lse = attn_finalize(m, l, acc)
+    tl.store(out_ptr + tok.to(tl.int64)[:, None] * so_t + h * so_h + rd[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])  # the one downcast
+    tl.store(lse_ptr + h * slse_h + tok, lse, mask=row_ok)
+
+
+# ---- paged decode / chunked prefill ----
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cuq_ptr, kvlen_ptr, bt_ptr,
+    sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
+    page_size, qk_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    j = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(cuq_ptr + b)
+    n_new = tl.load(cuq_ptr + b + 1) - q_start
+    kv_len = tl.load(kvlen_ptr + b)  # the sequence's length, new tokens included
+    p0 = kv_len - n_new  # position of the first new token
+    # Query blocks aligned to absolute positions, as in training: the same rows share a tile.
+    mb = p0 // BLOCK_M + j
+    if (n_new <= 0) | (mb * BLOCK_M >= kv_len):
+        return
+    hk = h // GROUP
+    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, HEAD_DIM)
+    row_ok = (rm >= p0) & (rm < kv_len)
+    tok = q_start + rm - p0
+    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    hi = tl.minimum((mb + 1) * BLOCK_M, kv_len)
+    for n0 in range(0, hi, BLOCK_N):  # logical KV blocks from position 0, ascending
+        page = tl.load(bt_ptr + b * sbt_b + n0 // page_size).to(tl.int64)
+        slot = n0 % page_size + tl.arange(0, BLOCK_N)  # page_size % BLOCK_N == 0: one page
+        rn = n0 + tl.arange(0, BLOCK_N)
+        col_ok = rn < hi
+        k = _load_rows(kc_ptr + page * skc_p + hk * skc_h, slot, col_ok, skc_s, rd, UPCAST)
+        v = _load_rows(vc_ptr + page * svc_p + hk * svc_h, slot, col_ok, svc_s, rd, UPCAST)
+        valid = col_ok[None, :] & (rn[None, :] <= rm[:, None])
+        m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, vc_ptr.dtype.element_ty,
+                                      UPCAST, IEEE)
+    out, lse = attn_finalize(m, l, acc)
+    tl.store(out_ptr + tok.to(tl.int64)[:, None] * so_t + h * so_h + rd[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(lse_ptr + h * slse_h + tok, lse, mask=row_ok)
+
+
+# ---- backward ----
+
+@triton.jit
+def _bwd_preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, N, so_t, so_h, sdo_t, sdo_h, sdl_h, sde_h,
+                           HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """delta[h, t] = sum_d dO * O (fp32, O as stored) - dLSE[h, t]: one value per row."""
+    h = tl.program_id(1)
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rd = tl.arange(0, HEAD_DIM)
+    ok = rt < N
+    o = tl.load(o_ptr + rt.to(tl.int64)[:, None] * so_t + h * so_h + rd[None, :], mask=ok[:, None], other=0.0)
+    do = tl.load(do_ptr + rt.to(tl.int64)[:, None] * sdo_t + h * sdo_h + rd[None, :], mask=ok[:, None],
+                 other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta = delta - tl.load(dlse_ptr + h * sdl_h + rt, mask=ok, other=0.0)
+    tl.store(delta_ptr + h * sde_h + rt, delta, mask=ok)
+
+
+@triton.jit
+def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr):
+    """Probabilities p [BM, BN] (recomputed from the LSE) and ds = p * (dO v^T - delta)."""
+    s = _qk(q, k, IEEE) * qk_scale
+    p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
+    dp = _qk(do, v, IEEE)
+    ds = p * (dp - delta[:, None])
+    return p, ds
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
+    qk_scale, scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    nb = tl.program_id(0)
+    seq = tl.program_id(1)
+    hk = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    seq_len = tl.load(cu_ptr + seq + 1) - start
+    if nb * BLOCK_N >= seq_len:
+        return
+    DT: tl.constexpr = k_ptr.dtype.element_ty
+    rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, HEAD_DIM)
+    col_ok = rn < seq_len
+    k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
+    v = _load_rows(v_ptr + hk * sv_h, start + rn, col_ok, sv_t, rd, UPCAST)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    lo = 0
+    if CAUSAL:  # the first query block that can see this KV block
+        lo = (nb * BLOCK_N // BLOCK_M) * BLOCK_M
+    for g in range(GROUP):  # the group's q heads in ascending order: GQA without atomics
+        h = hk * GROUP + g
+        for m0 in range(lo, seq_len, BLOCK_M):  # query blocks ascending
+            rm = m0 + tl.arange(0, BLOCK_M)
+            row_ok = rm < seq_len
+            tok = start + rm
+            q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+            do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
+            lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
+            delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
+            valid = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:
+                valid = valid & (rn[None, :] <= rm[:, None])
+            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
+            dv = _dot_acc(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
+            dk = _dot_acc(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+    tok_n = (start + rn).to(tl.int64)[:, None]
+    tl.store(dk_ptr + tok_n * sdk_t + hk * sdk_h + rd[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
+             mask=col_ok[:, None])
+    tl.store(dv_ptr + tok_n * sdv_t + hk * sdv_h + rd[None, :], dv.to(dv_ptr.dtype.element_ty),
+             mask=col_ok[:, None])
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
+    qk_scale, scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    seq = tl.program_id(1)
+    h = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    seq_len = tl.load(cu_ptr + seq + 1) - start
+    if mb * BLOCK_M >= seq_len:
+        return
+    DT: tl.constexpr = k_ptr.dtype.element_ty
+    hk = h // GROUP
+    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, HEAD_DIM)
+    row_ok = rm < seq_len
+    tok = start + rm
+    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+    do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
+    lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum((mb + 1) * BLOCK_M, seq_len)
+    for n0 in range(0, hi, BLOCK_N):  # KV blocks ascending
+        rn = n0 + tl.arange(0, BLOCK_N)
+        col_ok = rn < hi
+        k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
+        v = _load_rows(v_ptr + hk * sv_h, start + rn, col_ok, sv_t, rd, UPCAST)
+        valid = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            valid = valid & (rn[None, :] <= rm[:, None])
+        p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
+        dq = _dot_acc(_lowp(ds, DT, UPCAST), k, dq, IEEE)
+    tl.store(dq_ptr + tok.to(tl.int64)[:, None] * sdq_t + h * sdq_h + rd[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---- launchers ----
+
+def _cfg(kernel, t):
+    return configs.lookup_matmul(kernel, arch_of(t.device), t.dtype)
+
+
+def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None, state_in=None,
+                   state_out=False):
+    """(out, lse[, (m, l, acc)]). kv_range = (lo, hi): only keys at positions [lo, hi) of each
+    sequence (lo a multiple of block_n); state_in continues from a previous range's state."""
+    N, Hq, D = q.shape
+    Hkv = k.shape[1]
+    S = cu_seqlens.numel() - 1
+    out = torch.empty_like(q)
+    lse = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
+    want_state = state_out or state_in is not None
+    if want_state:
+        if state_in is not None:
+            m_st, l_st, acc_st = (x.clone() for x in state_in)
+        else:
+            m_st = torch.full((Hq, N), float("-inf"), dtype=torch.float32, device=q.device)
+            l_st = torch.zeros((Hq, N), dtype=torch.float32, device=q.device)
+            acc_st = torch.zeros((N, Hq, D), dtype=torch.float32, device=q.device)
+    else:
+        m_st = l_st = lse
+        acc_st = q
+    if N == 0 or S == 0 or max_seqlen == 0:
+        return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
+    cfg = _cfg("attention_fwd", q)
+    lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
+    upcast, ieee = operand_flags(q.dtype)
+    grid = (triton.cdiv(max_seqlen, cfg.block_m), S, Hq)
+    _fwd_kernel[grid](
+        q, k, v, out, lse, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        m_st, l_st, acc_st, m_st.stride(0), acc_st.stride(0), acc_st.stride(1),
+        scale * LOG2E, lo, hi,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
+        UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
+
+
+def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, scale):
+    N, Hq, D = q.shape
+    B = cache_seqlens.numel()
+    out = torch.empty_like(q)
+    lse = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
+    if N == 0 or B == 0:
+        return out, lse
+    cfg = _cfg("attention_decode", q)
+    upcast, ieee = operand_flags(q.dtype)
+    # A chunk of n tokens spans at most cdiv(n, block_m) + 1 query blocks (it need not start on one).
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m) + 1, B, Hq)
+    _decode_kernel[grid](
+        q, k_cache, v_cache, out, lse, cu_seqlens_q, cache_seqlens, block_table,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), lse.stride(0),
+        block_table.stride(0), k_cache.shape[1], scale * LOG2E,
+        GROUP=Hq // k_cache.shape[2], HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, causal):
+    N, Hq, D = q.shape
+    Hkv = k.shape[1]
+    S = cu_seqlens.numel() - 1
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if N == 0 or S == 0 or max_seqlen == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    upcast, ieee = operand_flags(q.dtype)
+    cq = _cfg("attention_bwd_dq", q)
+    ckv = _cfg("attention_bwd_dkdv", q)
+    delta = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
+    _bwd_preprocess_kernel[(triton.cdiv(N, cq.block_m), Hq)](
+        out, dout, dlse if dlse is not None else delta, delta, N, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), dlse.stride(0) if dlse is not None else 0, delta.stride(0),
+        HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_T=cq.block_m, num_warps=cq.num_warps)
+    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, UPCAST=upcast, IEEE=ieee)
+    # Tokens outside every sequence (none when cu_seqlens ends at N) keep zero gradients.
+    dq.zero_(), dk.zero_(), dv.zero_()
+    _bwd_dkdv_kernel[(triton.cdiv(max_seqlen, ckv.block_n), S, Hkv)](
+        q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        scale * LOG2E, scale, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
+        num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
+    _bwd_dq_kernel[(triton.cdiv(max_seqlen, cq.block_m), S, Hq)](
+        q, k, v, dout, lse, delta, dq, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
+        scale * LOG2E, scale, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
+        num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+    return dq, dk, dv
+
+
+# ---- torch.library custom ops (training path): torch.compile-able, autograd registered ----
+
+@torch.library.custom_op("rlk_triton::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                  max_seqlen: int, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, scale, causal):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("rlk_triton::attention_bwd", mutates_args=())
+def attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+                  max_seqlen: int, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, causal)
+
+
+@attention_bwd.register_fake
+def _(dout, dlse, q, k, v, *rest):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    ctx.max_seqlen, ctx.scale, ctx.causal = max_seqlen, scale, causal
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    dlse = None if dlse is None else dlse.contiguous()
+    dq, dk, dv = attention_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.causal)
+    return dq, dk, dv, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
