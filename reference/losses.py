@@ -10,6 +10,8 @@ Per token, with lr = logp - old_logp, r = exp(lr), A the advantage, cr = clip(r,
                   exp(old - rollout) > cap instead.
 Inactive tokens give 0 everywhere and no gradient. The scalar loss is sum_t w_t l_t with the
 aggregation's weights w (aggregation_weights), so d loss / d logp_t = w_t d l_t / d logp_t.
+GSPO (gspo_terms / gspo_reference / gspo_grad_reference): the sequence ratio s_i = exp(mean log-ratio)
+clipped per sequence, the same optional token terms averaged per sequence (see gspo_terms).
 Everything is float64 and written the obvious way; tests check the gradients by finite differences.
 """
 from __future__ import annotations
@@ -192,27 +194,88 @@ def policy_loss_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad
     return np.where(t["active"], up * t["dloss_dlogp"], 0.0), np.where(t["active"], up * t["dloss_dentropy"], 0.0)
 
 
-def gspo_reference(logp, old_logp, advantages, mask, eps_low=3e-4, eps_high=4e-4, normalizer=None):
-    """float64 GSPO: (loss, per-sequence terms [B], diagnostics dict, d loss / d logp [B, T] for g_loss = 1,
-    per-sequence coefficients c_i with d l_i / d logp_t = c_i on active tokens)."""
+# ---- GSPO ----
+
+GSPO_DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+
+
+def gspo_terms(logp, old_logp, advantages, mask, *, eps_low=3e-4, eps_high=4e-4, ref_logp=None, kl_coef=0.0,
+               kl_estimator="k3", entropy=None, entropy_coef=0.0, rollout_logp=None, tis_cap=None,
+               tis_mode="truncate", sg_logp=None):
+    """GSPO, written as the GSPO paper's token-level surrogate (float64). With s_i = exp(mean over the
+    sequence's active tokens of (sg_logp - old_logp)) and s_it = s_i exp(logp_t - sg_logp_t) (sg_logp:
+    the stop-gradient point, logp itself by default, so s_it = s_i in value):
+        pg_it = max(-A_i s_it, -A_i clip(s_it, 1 - eps_low, 1 + eps_high))
+        l_i   = mean over active t of tis_t (pg_it + kl_coef kl_t - entropy_coef entropy_t)
+    tis_t = min(exp(old - rollout), cap) ("truncate"; else 1); "mask" drops tokens with
+    exp(old - rollout) > cap first, as if masked. Without truncation d l_i / d logp_t is the plain
+    GSPO gradient (pg_it's derivative is the same for every token); with it, each token's share is
+    weighted by its own tis_t. Returns per-sequence and per-token float64 arrays (a dict)."""
     lp, old = _f64(logp), _f64(old_logp)
     adv = _f64(advantages)
     active = _active(mask, lp.shape)
+    tis = np.ones_like(lp)
+    if rollout_logp is not None:
+        w = np.exp(old - _f64(rollout_logp))
+        if tis_mode == "truncate":
+            tis = np.minimum(w, tis_cap)
+        else:
+            active = active & (w <= tis_cap)
+    sg = lp if sg_logp is None else _f64(sg_logp)
     n = active.sum(1).astype(np.float64)
     has = n > 0
-    mean_lr = np.where(active, lp - old, 0.0).sum(1) / np.maximum(n, 1)
-    s = np.exp(mean_lr)
-    cs = np.clip(s, 1 - eps_low, 1 + eps_high)
-    unclipped = -adv * s >= -adv * cs
-    terms = np.where(has, np.where(unclipped, -adv * s, -adv * cs), 0.0)
-    coef = np.where(has, np.where(unclipped, -adv, 0.0) * s / np.maximum(n, 1), 0.0)
-    denom = normalizer if normalizer is not None else has.sum()
-    w = 1.0 / denom if denom > 0 else 0.0
-    loss = terms.sum() * w
-    seqs = has.sum()
-    diag = {"clipfrac": float((has & (s != cs)).sum() / seqs) if seqs else 0.0,
+    n1 = np.maximum(n, 1.0)
+    s = np.exp(np.where(active, sg - old, 0.0).sum(1) / n1)
+    s_tok = s[:, None] * np.exp(np.where(active, lp - sg, 0.0))
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    a = adv[:, None]
+    unclipped_tok, clipped_tok = -a * s_tok, -a * np.clip(s_tok, lo, hi)
+    pg = np.maximum(unclipped_tok, clipped_tok)
+    dpg = np.where(unclipped_tok >= clipped_tok, -a * s_tok, 0.0)  # ties take the unclipped gradient
+    extra, dextra = np.zeros_like(lp), np.zeros_like(lp)
+    if kl_coef != 0.0:
+        kl, dkl = kl_estimate(lp, ref_logp, kl_estimator)
+        extra, dextra = extra + kl_coef * kl, kl_coef * dkl
+    dent = np.zeros_like(lp)
+    if entropy_coef != 0.0:
+        extra = extra - entropy_coef * _f64(entropy)
+        dent = dent - entropy_coef
+    z = lambda x: np.where(active, x, 0.0)  # noqa: E731
+    terms = np.where(has, z(tis * (pg + extra)).sum(1) / n1, 0.0)
+    k3_old = np.exp(old - lp) - (old - lp) - 1.0
+    return {"terms": terms, "s": s, "has": has, "n": n, "active": active,
+            "clipped": has & (s != np.clip(s, lo, hi)), "approx_kl": z(k3_old),
+            "dterm_dlogp": z(tis * (dpg + dextra)) / n1[:, None], "dterm_dentropy": z(tis * dent) / n1[:, None]}
+
+
+def _gspo_weight(has, normalizer):
+    den = float(has.sum()) if normalizer is None else float(normalizer)
+    return 1.0 / den if den > 0 else 0.0
+
+
+def gspo_reference(logp, old_logp, advantages, mask, *, normalizer=None, **kwargs):
+    """float64 GSPO: (loss, per-sequence terms l_i [B], diagnostics {name: float}).
+
+    loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number). Diagnostics:
+    clipfrac, ratio_mean / min / max over those sequences (of s_i), approx_kl the mean k3 of old vs
+    current over the active tokens, as policy_loss; all 0 when there is none. kwargs: gspo_terms'."""
+    t = gspo_terms(logp, old_logp, advantages, mask, **kwargs)
+    has, s = t["has"], t["s"]
+    loss = float(t["terms"].sum() * _gspo_weight(has, normalizer))
+    seqs, tokens = int(has.sum()), int(t["active"].sum())
+    diag = {"clipfrac": float(t["clipped"].sum() / seqs) if seqs else 0.0,
+            "approx_kl": float(t["approx_kl"].sum() / tokens) if tokens else 0.0,
             "ratio_mean": float(s[has].mean()) if seqs else 0.0,
             "ratio_min": float(s[has].min()) if seqs else 0.0,
             "ratio_max": float(s[has].max()) if seqs else 0.0}
-    grad = np.where(active, w * coef[:, None], 0.0)
-    return loss, terms, diag, grad, coef
+    return loss, t["terms"], diag
+
+
+def gspo_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad_terms=None, *, normalizer=None, **kwargs):
+    """(d logp, d entropy) [B, T] float64 of grad_loss * loss + sum(grad_terms * l_i)."""
+    t = gspo_terms(logp, old_logp, advantages, mask, **kwargs)
+    up = float(grad_loss) * _gspo_weight(t["has"], normalizer) * t["has"]
+    if grad_terms is not None:
+        up = up + _f64(grad_terms)
+    up = up[:, None]
+    return up * t["dterm_dlogp"], up * t["dterm_dentropy"]

@@ -12,7 +12,7 @@ A token's values and gradients are bitwise independent of the other rows (docs/r
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -141,8 +141,6 @@ def policy_loss(
     mask_u8 = _check_mask(mask, logp)
     _check_choice("loss_type", loss_type, LOSS_TYPES)
     _check_choice("aggregation", aggregation, AGGREGATIONS)
-    _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
-    _check_choice("tis_mode", tis_mode, TIS_MODES)
     eps_low, eps_high = _clip_range(eps_low, eps_high)
     if dual_clip_c is not None:
         dual_clip_c = _number("dual_clip_c", dual_clip_c)
@@ -150,6 +148,102 @@ def policy_loss(
             raise InputError("dual_clip_c", f"must be > 1 (it bounds -A r from above at -A c), got {dual_clip_c!r}")
         if loss_type == "cispo":
             raise InputError("dual_clip_c", "applies to the clipped surrogate, not to cispo")
+    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode)
+    norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp)
+
+    fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
+    loss, per_token, diag, *_row_weight = fwd(
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
+        t.rollout_logp, norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c,
+        t.kl_coef, kl_estimator, t.entropy_coef, t.tis_mode, t.tis_cap,
+    )
+    diag = diag.detach()
+    return loss, per_token, {name: diag[i] for i, name in enumerate(DIAGNOSTICS)}
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: Optional[float] = 4e-4,
+    normalizer: Optional[float] = None,
+    ref_logp: Optional[torch.Tensor] = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: Optional[torch.Tensor] = None,
+    entropy_coef: float = 0.0,
+    rollout_logp: Optional[torch.Tensor] = None,
+    tis_cap: Optional[float] = None,
+    tis_mode: str = "truncate",
+    backend: str = "triton",
+):
+    """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean over the sequence's
+    active tokens of (logp - old_logp)). (loss, sequence_loss, diagnostics).
+
+        pg_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
+        l_i  = mean over the active tokens t of tis_t * (pg_i + kl_coef * kl_t - entropy_coef * entropy_t)
+        loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number)
+
+    The KL penalty (ref_logp, kl_coef, kl_estimator), the entropy bonus (entropy, entropy_coef) and
+    truncated importance sampling (rollout_logp, tis_cap, tis_mode) are policy_loss's, token by token,
+    aggregated like the policy term (each sequence's token mean): kl_t as in ratio_kl;
+    w_t = exp(old_logp - rollout_logp), "truncate" weighs token t's share by tis_t = min(w_t, tis_cap),
+    "mask" drops tokens with w_t > tis_cap as if masked (they leave s_i and n_i); tis_t = 1 otherwise.
+
+    logp, old_logp, ref_logp, entropy, rollout_logp: fp32 [B, T]; advantages: fp32 [B] (one per
+    sequence); mask [B, T]. The default clip range is the GSPO paper's (3e-4, 4e-4): ratios of whole
+    sequences move little. Returns the fp32 0-dim loss, the fp32 [B] per-sequence terms l_i (0 for a
+    sequence with no active token), and policy_loss's diagnostics: clipfrac, ratio_mean, ratio_min,
+    ratio_max over those sequences (of s_i) and approx_kl (mean k3 of old vs current over the active
+    tokens); all 0 when there is none. Differentiable w.r.t. logp and, when entropy_coef != 0, entropy:
+    d l_i / d logp_t = tis_t ((-A_i or 0 when clipped) s_i + kl_coef dkl_t) / n_i (the GSPO paper's
+    token-level form: plain GSPO without truncation), d l_i / d entropy_t = -tis_t entropy_coef / n_i.
+    backend: "triton" or "torch_reference" (float64 torch, rounded once), as in policy_loss.
+    """
+    _check_logp(logp, backend)
+    _check_like("old_logp", old_logp, logp)
+    mask_u8 = _check_mask(mask, logp)
+    if not torch.is_tensor(advantages) or advantages.dtype != torch.float32:
+        raise DTypeError("advantages", f"must be a float32 tensor, got {getattr(advantages, 'dtype', type(advantages).__name__)}")
+    if tuple(advantages.shape) != (logp.shape[0],):
+        raise ShapeError("advantages", f"GSPO takes one advantage per sequence: [{logp.shape[0]}], got {tuple(advantages.shape)}")
+    if advantages.device != logp.device:
+        raise DeviceError("advantages", f"on {advantages.device}, logp on {logp.device}")
+    eps_low, eps_high = _clip_range(eps_low, eps_high)
+    if normalizer is not None:
+        normalizer = _positive("normalizer", normalizer)
+    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode)
+    fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.gspo_loss_fwd
+    loss, seq_loss, diag, *_aux = fwd(
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
+        t.rollout_logp, 1.0 - eps_low, 1.0 + eps_high, normalizer, t.kl_coef, kl_estimator, t.entropy_coef,
+        t.tis_mode, t.tis_cap)
+    diag = diag.detach()
+    return loss, seq_loss, {name: diag[i] for i, name in enumerate(_gspo.DIAGNOSTICS)}
+
+
+# ---- validation: typed errors that name the argument ----
+
+class _TokenTerms(NamedTuple):
+    """The optional per-token terms of policy_loss and gspo_loss, validated; a tensor is None when its
+    term is off (what the kernels and the torch reference take)."""
+    ref_logp: Optional[torch.Tensor]
+    kl_coef: float
+    entropy: Optional[torch.Tensor]
+    entropy_coef: float
+    rollout_logp: Optional[torch.Tensor]
+    tis_mode: str  # "none" without rollout_logp
+    tis_cap: Optional[float]
+
+
+def _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap,
+                 tis_mode) -> _TokenTerms:
+    """KL penalty, entropy bonus and truncated importance sampling: one set of checks for every loss."""
+    _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    _check_choice("tis_mode", tis_mode, TIS_MODES)
     kl_coef = _number("kl_coef", kl_coef)
     entropy_coef = _number("entropy_coef", entropy_coef)
     if ref_logp is not None:
@@ -167,65 +261,10 @@ def policy_loss(
         tis_cap = _positive("tis_cap", tis_cap, allow_inf=True)
     elif tis_cap is not None:
         raise InputError("rollout_logp", "tis_cap is given: pass rollout_logp (the rollout engine's logp)")
-    norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp)
+    c = lambda x, on: x.contiguous() if x is not None and on else None  # noqa: E731
+    return _TokenTerms(c(ref_logp, kl_coef != 0.0), kl_coef, c(entropy, entropy_coef != 0.0), entropy_coef,
+                       c(rollout_logp, True), "none" if rollout_logp is None else tis_mode, tis_cap)
 
-    c = lambda x: None if x is None else x.contiguous()  # noqa: E731
-    fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
-    loss, per_token, diag, *_row_weight = fwd(
-        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8,
-        c(ref_logp) if kl_coef != 0.0 else None, c(entropy) if entropy_coef != 0.0 else None, c(rollout_logp),
-        norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c, kl_coef,
-        kl_estimator, entropy_coef, "none" if rollout_logp is None else tis_mode, tis_cap,
-    )
-    diag = diag.detach()
-    return loss, per_token, {name: diag[i] for i, name in enumerate(DIAGNOSTICS)}
-
-
-def gspo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    mask: torch.Tensor,
-    eps_low: float = 3e-4,
-    eps_high: Optional[float] = 4e-4,
-    normalizer: Optional[float] = None,
-    backend: str = "triton",
-):
-    """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean over the sequence's
-    active tokens of (logp - old_logp)). (loss, sequence_loss, diagnostics).
-
-        l_i  = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
-        loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number)
-
-    logp, old_logp: fp32 [B, T]; advantages: fp32 [B] (one per sequence); mask [B, T]. The default
-    clip range is the GSPO paper's (3e-4, 4e-4): ratios of whole sequences move little. Returns the
-    fp32 0-dim loss, the fp32 [B] per-sequence terms l_i (0 for a sequence with no active token), and
-    diagnostics over those sequences: clipfrac, ratio_mean, ratio_min, ratio_max (0 when none).
-    Differentiable w.r.t. logp: d l_i / d logp_t = (-A_i or 0 when clipped) * s_i / n_i.
-    backend: "triton" or "torch_reference" (float64 torch, rounded once), as in policy_loss.
-    """
-    _check_logp(logp, backend)
-    _check_like("old_logp", old_logp, logp)
-    mask_u8 = _check_mask(mask, logp)
-    if not torch.is_tensor(advantages) or advantages.dtype != torch.float32:
-        raise DTypeError("advantages", f"must be a float32 tensor, got {getattr(advantages, 'dtype', type(advantages).__name__)}")
-    if tuple(advantages.shape) != (logp.shape[0],):
-        raise ShapeError("advantages", f"GSPO takes one advantage per sequence: [{logp.shape[0]}], got {tuple(advantages.shape)}")
-    if advantages.device != logp.device:
-        raise DeviceError("advantages", f"on {advantages.device}, logp on {logp.device}")
-    eps_low, eps_high = _clip_range(eps_low, eps_high)
-    if normalizer is not None:
-        normalizer = _positive("normalizer", normalizer)
-    fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.gspo_loss_fwd
-    loss, seq_loss, diag, *_w_coef = fwd(
-        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, 1.0 - eps_low,
-        1.0 + eps_high, normalizer)
-    diag = diag.detach()
-    return loss, seq_loss, {name: diag[i] for i, name in enumerate(_gspo.DIAGNOSTICS)}
-
-
-# ---- validation: typed errors that name the argument ----
 
 def _clip_range(eps_low, eps_high) -> tuple[float, float]:
     """(eps_low, eps_high) of clip(r, 1 - eps_low, 1 + eps_high); eps_high None means eps_low."""

@@ -6,7 +6,10 @@ margin):
   gradient  row_rtol_needed = max (err - u |ref| - s) / sensitivity, u = 2^-24 (fp32 unit roundoff),
             s = 2^-149 (the smallest fp32 subnormal)
 The scales, sensitivities, inputs and runners are rlk_triton/testing/rl_ops.py's (re-exported by
-tests/test_rl_losses.py), so the contract and the tests share one definition. Run: python scripts/measure_rl_losses.py [--big] [--out F]
+tests/test_rl_losses.py), so the contract and the tests share one definition. GSPO (--ops gspo, or
+all): gspo_loss over GSPO_FEATURES x both clip ranges x spreads 1e-4 .. 1 x with / without normalizer,
+judged with rl_ops' GSPO scales (gspo_loss, gspo_sequence_loss, gspo_ratio, approx_kl, clipfrac, grad).
+Run: python scripts/measure_rl_losses.py [--big] [--ops all|policy|gspo] [--out F]
 (on CPU it runs the kernels under TRITON_INTERPRET=1; on a GPU it measures the compiled kernels;
 --big adds [64 x 8192]).
 """
@@ -86,6 +89,50 @@ def measure_ratio_kl(inputs, estimator, clamp, with_ref, use_mask):
     return out
 
 
+def measure_gspo(inputs, spec):
+    from rlk_triton.testing.rl_ops import _gspo_pieces, run_gspo
+
+    ours, ref, (x, mask, kw, g_rows) = run_gspo(inputs, spec, 1.3, grad_rows_seed=5)
+    p = _gspo_pieces(x, mask, kw)
+    has, active = p["t"]["has"], p["t"]["active"]
+    den = float(has.sum()) if kw.get("normalizer") is None else float(kw["normalizer"])
+    w = 1.0 / den if den > 0 else 0.0
+    r_ext = float(p["ratio"].max(initial=0.0))
+    n_tok = max(int(active.sum()), 1)
+    scales = {"gspo_loss": float(p["seq"].sum() * w), "gspo_sequence_loss": p["seq"],
+              "clipfrac": 1.0, "approx_kl": float(np.where(active, p["k3_old"], 0.0).sum() / n_tok),
+              "gspo_ratio_mean": float(p["ratio"].sum() / max(has.sum(), 1)), "gspo_ratio_min": r_ext,
+              "gspo_ratio_max": r_ext}
+    names = {"gspo_ratio_mean": "ratio_mean", "gspo_ratio_min": "ratio_min", "gspo_ratio_max": "ratio_max"}
+    out = {k: _rtol(np.atleast_1d(t._np(ours[names.get(k, k)])), np.atleast_1d(ref[names.get(k, k)]), sc)
+           for k, sc in scales.items()}
+    up = (np.abs(1.3 * w * has) + np.abs(g_rows))[:, None]
+    out["gspo_grad"] = _row_rtol(t._np(ours["d_logp"]), ref["d_logp"], up * p["d_logp"])
+    if ours["d_entropy"] is not None:
+        out["gspo_grad"] = max(out["gspo_grad"], _row_rtol(t._np(ours["d_entropy"]), ref["d_entropy"],
+                                                           up * p["d_entropy"]))
+    return out
+
+
+def gspo_sweep(big, device, record):
+    from rlk_triton.testing.rl_ops import GSPO_FEATURES, gspo_inputs
+
+    n = 0
+    gsizes = [(1, 1), (4, 7), (5, 40), (3, 300), (8, 1500)] + ([(64, 8192)] if big else [])
+    for si, (B, T) in enumerate(gsizes):
+        for fi, (feature, feat) in enumerate(GSPO_FEATURES.items()):
+            for clip in ("paper", "ppo"):
+                for spread in (1e-4, 1e-2, 1.0):
+                    for normalizer in (None, 8.0):
+                        seed = 10000 + 1000 * si + 100 * fi + 10 * (clip == "ppo") + 3 * (spread > 1e-3) + (normalizer is None)
+                        x = gspo_inputs(B, T, seed, device, spread, empty_rows=(1,) if B > 2 else ())
+                        spec = {"clip": clip, "normalizer": normalizer, **feat}
+                        record(f"[{B}x{T}] gspo/{feature}/{clip}/spread={spread}/norm={normalizer}",
+                               measure_gspo(x, spec))
+                        n += 1
+    return n
+
+
 def policy_specs():
     features = {"plain": {}, **t.FEATURES}
     for loss_type in t.LOSS_TYPES:
@@ -109,6 +156,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--big", action="store_true", help="also [64 x 8192]")
+    ap.add_argument("--ops", choices=("all", "policy", "gspo"), default="all",
+                    help="policy: policy_loss and ratio_kl; gspo: gspo_loss")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     worst, where, n_cases = {}, {}, 0
@@ -119,7 +168,9 @@ def main():
             if v > worst.get(k, -1.0):
                 worst[k], where[k] = v, label
 
-    for si, (B, T) in enumerate(sizes(args.big)):
+    if args.ops in ("all", "gspo"):
+        n_cases += gspo_sweep(args.big, device, record)
+    for si, (B, T) in enumerate(sizes(args.big) if args.ops != "gspo" else ()):
         for ci, (label, spec) in enumerate(policy_specs()):
             if (B * T > 2000 or B * T < 10) and ci % 7:  # a seventh of the specs at the extreme sizes
                 continue

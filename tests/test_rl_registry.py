@@ -15,7 +15,8 @@ from rlk_triton.testing import RowOp, check_batch_invariance
 from rlk_triton.testing import parity  # noqa: F401 - imported before the fixture patches _runtime.arch_of
 from rlk_triton.testing.rl_ops import group_inputs
 
-RL_OPS = {"ratio_kl": "rl_losses", "policy_loss": "rl_losses", "gae": "advantages", "group_advantages": "advantages"}
+RL_OPS = {"ratio_kl": "rl_losses", "policy_loss": "rl_losses", "gspo_loss": "rl_losses", "gae": "advantages",
+          "group_advantages": "advantages", "reinforce_pp_baseline": "advantages"}
 BACKENDS = ("triton", "torch_reference")
 
 
@@ -67,6 +68,43 @@ def test_the_group_row_op_can_fail(device):
         return (out.view(n, 4),)
 
     assert not check_batch_invariance(RowOp("pooled", pooled, make_rows), probe_rows=2, batch_sizes=(3, 5)).passed
+
+
+def test_the_reinforce_pp_row_op_can_fail(device):
+    """Without token_mean / token_std the whitening statistics are the batch's: the harness sees a group's
+    token advantages change with the other groups (so the registered row op's passing means something)."""
+    from rlk_triton.advantages import reinforce_pp_baseline
+    from rlk_triton.testing.rl_ops import reinforce_pp_row_op
+
+    op = reinforce_pp_row_op(4, 5, device, backend="torch_reference")
+
+    def batch_whitened(s, ok, m):
+        n = s.shape[0]
+        out = reinforce_pp_baseline(s.t().reshape(-1), torch.arange(n, device=s.device).repeat(4),
+                                    m.transpose(0, 1).reshape(4 * n, 5), num_groups=n, valid=ok.t().reshape(-1),
+                                    backend="torch_reference")
+        return (out.view(4, n, 5).transpose(0, 1),)
+
+    assert not check_batch_invariance(RowOp("batch-whitened", batch_whitened, op.make_rows), probe_rows=2,
+                                      batch_sizes=(3, 5)).passed
+
+
+def test_a_broken_gspo_backend_fails_its_probe(monkeypatch):
+    """gspo_loss's probe judges every term: an entropy bonus applied at 1.001x is outside the contract."""
+    real = rl_torch.gspo_loss
+
+    def off(*args):
+        args = list(args)
+        args[12] = args[12] * 1.001  # entropy_coef
+        return real(*args)
+
+    registry.measure_availability.cache_clear()
+    monkeypatch.setattr(rl_torch, "gspo_loss", off)
+    try:
+        ok, why = registry.measure_availability("gspo_loss", "torch_reference", "cpu")
+        assert not ok and "outside the contract" in why
+    finally:
+        registry.measure_availability.cache_clear()
 
 
 def test_a_broken_backend_fails_its_probe(monkeypatch):

@@ -1,14 +1,21 @@
 """GSPO, the sequence-level clipped policy loss: kernels, launchers, custom ops.
 
-Per sequence i with active tokens T_i (n_i = |T_i| > 0):
-  s_i  = exp(mean_{t in T_i} (logp_t - old_logp_t))          the sequence-level importance ratio
-  l_i  = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
-  loss = sum_{i: n_i > 0} l_i / (normalizer or #{i: n_i > 0})
-  d l_i / d logp_t = c_i = (-A_i if the unclipped term is the max else 0) * s_i / n_i,  t in T_i
-Kernels: (1) one program per row folds BLOCK_T-token tiles in increasing order into the row's sum of
-log-ratios and its count, and writes l_i, s_i, c_i; (2) one program folds the rows' terms in
-BLOCK_B-row tiles in increasing order into the loss and the diagnostics; (3) the backward is
-elementwise: d logp_t = (g_loss * w + g_row_i) * c_i. No atomics; configs in rlk_triton/configs.py.
+Per sequence i with active tokens T_i (n_i = |T_i| > 0; with tis_mode "mask", tokens whose weight
+w_t = exp(old_logp_t - rollout_logp_t) exceeds tis_cap are dropped first, as if masked):
+  s_i   = exp(mean_{t in T_i} (logp_t - old_logp_t))          the sequence-level importance ratio
+  pg_i  = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
+  e_t   = kl_coef kl_t(logp_t, ref_logp_t) - entropy_coef entropy_t      (the optional token terms)
+  l_i   = mean_{t in T_i} tis_t (pg_i + e_t),  tis_t = min(w_t, tis_cap) ("truncate"), else 1
+  loss  = sum_{i: n_i > 0} l_i / (normalizer or #{i: n_i > 0})
+  d l_i / d logp_t = tis_t (c_i + kl_coef dkl_t / n_i),  c_i = (-A_i if the unclipped term is the max else 0) s_i / n_i
+  d l_i / d entropy_t = -tis_t entropy_coef / n_i
+(the GSPO paper's token-level form: pg's gradient reaches token t through s_it = sg(s_i) exp(logp_t -
+sg(logp_t)), weighted by that token's own tis_t; without truncation it is the plain GSPO gradient.)
+Kernels: (1) one program per row folds BLOCK_T-token tiles in increasing order into the row's sums
+(log-ratios, count, tis_t, tis_t e_t, k3 of old vs current) and writes l_i, s_i, c_i, n_i;
+(2) one program folds the rows' terms in BLOCK_B-row tiles in increasing order into the loss and the
+diagnostics; (3) the backward is elementwise, from the same per-token function as the forward
+(_gspo_token). No atomics; configs in rlk_triton/configs.py (the rl_policy_loss_* rows).
 """
 from __future__ import annotations
 
@@ -20,59 +27,111 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
+from .rl_losses import KL_ESTIMATORS, TIS_MODES, _kl_and_grad
 
-DIAGNOSTICS = ("clipfrac", "ratio_mean", "ratio_min", "ratio_max")
+DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")  # policy_loss's, in its order
+N_ROWS = 6  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum
 
 
 def _cfg(kernel, device):
     return configs.lookup_fixed(kernel, arch_of(device))
 
 
-@triton.jit(do_not_specialize=["T", "clip_low", "clip_high"])
-def _gspo_rows_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, loss_ptr, s_ptr, coef_ptr, n_ptr, clipped_ptr,
-                      T, clip_low, clip_high, BLOCK_T: tl.constexpr):
+@triton.jit
+def _gspo_token(logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, p, inb, kl_coef, ent_coef, tis_cap,
+                HAS_KL: tl.constexpr, KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr):
+    """One tile's (active, logp, old, tis, e, kl_coef * dkl): active after TIS masking; inactive lanes of
+    logp / old are 0 (padding never reaches the arithmetic); e and its derivative are 0 when off."""
+    active = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    logp = tl.load(logp_ptr + p, mask=active, other=0.0)
+    old = tl.load(old_ptr + p, mask=active, other=0.0)
+    tis = tl.full(logp.shape, 1.0, tl.float32)
+    if TIS_MODE != 0:
+        w = tl.exp(old - tl.load(roll_ptr + p, mask=active, other=0.0))
+        if TIS_MODE == 1:  # truncate: a constant weight min(w, cap) on the token's share
+            tis = tl.where(w > tis_cap, tis_cap, w)
+        else:  # mask: dropped as if masked
+            active = active & (w <= tis_cap)
+    extra = tl.zeros(logp.shape, tl.float32)
+    dextra = tl.zeros(logp.shape, tl.float32)
+    if HAS_KL:
+        kl, dkl = _kl_and_grad(logp, tl.load(ref_ptr + p, mask=active, other=0.0), KL_EST)
+        extra = kl_coef * kl
+        dextra = kl_coef * dkl
+    if HAS_ENTROPY:
+        extra = extra - ent_coef * tl.load(ent_ptr + p, mask=active, other=0.0)
+    return active, logp, old, tis, extra, dextra
+
+
+@triton.jit(do_not_specialize=["T", "clip_low", "clip_high", "kl_coef", "ent_coef", "tis_cap"])
+def _gspo_rows_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr,
+                      loss_ptr, s_ptr, coef_ptr, n_ptr, clipped_ptr, k3_ptr,
+                      T, clip_low, clip_high, kl_coef, ent_coef, tis_cap,
+                      HAS_KL: tl.constexpr, KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr,
+                      TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_T)
     total = tl.zeros((), tl.float32)
     count = tl.zeros((), tl.float32)  # exact: T < 2^24
+    tis_sum = tl.zeros((), tl.float32)
+    extra_sum = tl.zeros((), tl.float32)
+    k3_sum = tl.zeros((), tl.float32)
     for start in range(0, T, BLOCK_T):
         offs = start + lanes
-        p = row * T + offs
-        active = (offs < T) & (tl.load(mask_ptr + p, mask=offs < T, other=0) != 0)
-        lr = tl.load(logp_ptr + p, mask=active, other=0.0) - tl.load(old_ptr + p, mask=active, other=0.0)
-        total += tl.sum(tl.where(active, lr, 0.0), 0)
+        inb = offs < T
+        active, logp, old, tis, extra, _d = _gspo_token(
+            logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row * T + offs, inb, kl_coef, ent_coef,
+            tis_cap, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+        total += tl.sum(tl.where(active, logp - old, 0.0), 0)
         count += tl.sum(active.to(tl.float32), 0)
+        if TIS_MODE == 1:
+            tis_sum += tl.sum(tl.where(active, tis, 0.0), 0)
+        if HAS_KL or HAS_ENTROPY:
+            extra_sum += tl.sum(tl.where(active, tis * extra, 0.0), 0)
+        u = old - logp  # approx_kl: k3 of old vs current, as policy_loss
+        k3_sum += tl.sum(tl.where(active, (tl.exp(u) - 1.0) - u, 0.0), 0)
     has = count > 0.0
-    s = tl.exp(total / tl.maximum(count, 1.0))
+    n1 = tl.maximum(count, 1.0)
+    s = tl.exp(total / n1)
     a = tl.load(adv_ptr + row)
     cs = tl.minimum(tl.maximum(s, clip_low), clip_high)
     unclipped = -a * s >= -a * cs
     loss = tl.where(unclipped, -a * s, -a * cs)
-    coef = tl.where(unclipped, -a, 0.0) * s / tl.maximum(count, 1.0)
+    coef = tl.where(unclipped, -a, 0.0) * s / n1
+    if TIS_MODE == 1:
+        loss = loss * (tis_sum / n1)
+    if HAS_KL or HAS_ENTROPY:
+        loss = loss + extra_sum / n1
     tl.store(loss_ptr + row, tl.where(has, loss, 0.0))
     tl.store(s_ptr + row, tl.where(has, s, 0.0))
     tl.store(coef_ptr + row, tl.where(has, coef, 0.0))
     tl.store(n_ptr + row, count)
     tl.store(clipped_ptr + row, tl.where(has & (s != cs), 1.0, 0.0))
+    tl.store(k3_ptr + row, k3_sum)
 
 
 @triton.jit(do_not_specialize=["B", "normalizer"])
-def _gspo_batch_kernel(loss_rows_ptr, s_ptr, n_ptr, clipped_ptr, out_ptr, diag_ptr, weight_ptr, B, normalizer,
+def _gspo_batch_kernel(loss_rows_ptr, s_ptr, n_ptr, clipped_ptr, k3_ptr, out_ptr, diag_ptr, weight_ptr, B, normalizer,
                        HAS_NORMALIZER: tl.constexpr, BLOCK_B: tl.constexpr):
     lanes = tl.arange(0, BLOCK_B)
     total = tl.zeros((), tl.float32)
     seqs = tl.zeros((), tl.float32)
+    tokens = tl.zeros((), tl.int32)  # int32: B * T < 2^31
     clipped = tl.zeros((), tl.float32)
+    k3_total = tl.zeros((), tl.float32)
     s_sum = tl.zeros((), tl.float32)
     s_min = tl.full((), float("inf"), tl.float32)
     s_max = tl.full((), float("-inf"), tl.float32)
     for start in range(0, B, BLOCK_B):
         i = start + lanes
-        has = (i < B) & (tl.load(n_ptr + i, mask=i < B, other=0.0) > 0.0)
+        n = tl.load(n_ptr + i, mask=i < B, other=0.0)
+        has = (i < B) & (n > 0.0)
         s = tl.load(s_ptr + i, mask=has, other=0.0)
         total += tl.sum(tl.load(loss_rows_ptr + i, mask=has, other=0.0), 0)
         seqs += tl.sum(has.to(tl.float32), 0)
+        tokens += tl.sum(n.to(tl.int32), 0)
         clipped += tl.sum(tl.load(clipped_ptr + i, mask=has, other=0.0), 0)
+        k3_total += tl.sum(tl.load(k3_ptr + i, mask=has, other=0.0), 0)
         s_sum += tl.sum(s, 0)
         s_min = tl.minimum(s_min, tl.min(tl.where(has, s, float("inf")), 0))
         s_max = tl.maximum(s_max, tl.max(tl.where(has, s, float("-inf")), 0))
@@ -85,86 +144,141 @@ def _gspo_batch_kernel(loss_rows_ptr, s_ptr, n_ptr, clipped_ptr, out_ptr, diag_p
     tl.store(out_ptr, total * weight)
     tl.store(weight_ptr, weight)
     tl.store(diag_ptr + 0, tl.where(any_seq, clipped / tl.maximum(seqs, 1.0), 0.0))
-    tl.store(diag_ptr + 1, tl.where(any_seq, s_sum / tl.maximum(seqs, 1.0), 0.0))
-    tl.store(diag_ptr + 2, tl.where(any_seq, s_min, 0.0))
-    tl.store(diag_ptr + 3, tl.where(any_seq, s_max, 0.0))
+    tl.store(diag_ptr + 1, tl.where(any_seq, k3_total / tl.maximum(tokens, 1).to(tl.float32), 0.0))
+    tl.store(diag_ptr + 2, tl.where(any_seq, s_sum / tl.maximum(seqs, 1.0), 0.0))
+    tl.store(diag_ptr + 3, tl.where(any_seq, s_min, 0.0))
+    tl.store(diag_ptr + 4, tl.where(any_seq, s_max, 0.0))
 
 
-@triton.jit(do_not_specialize=["T"])
-def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, mask_ptr, grad_ptr, T,
-                     BLOCK_T: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "kl_coef", "ent_coef", "tis_cap"])
+def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, n_ptr,
+                     logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, grad_ptr, grad_ent_ptr,
+                     T, kl_coef, ent_coef, tis_cap,
+                     HAS_KL: tl.constexpr, KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr,
+                     WITH_ENTROPY_GRAD: tl.constexpr, BLOCK_T: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
     p = row * T + offs
-    active = (offs < T) & (tl.load(mask_ptr + p, mask=offs < T, other=0) != 0)
+    active, _lp, _old, tis, _e, dextra = _gspo_token(
+        logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, p, inb, kl_coef, ent_coef, tis_cap,
+        HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
     up = tl.load(grad_loss_ptr) * tl.load(weight_ptr) + tl.load(grad_rows_ptr + row)
-    d = up * tl.load(coef_ptr + row)
-    tl.store(grad_ptr + p, tl.where(active, d, 0.0), mask=offs < T)
+    n1 = tl.maximum(tl.load(n_ptr + row), 1.0)
+    d = tl.zeros((BLOCK_T,), tl.float32) + tl.load(coef_ptr + row)
+    if HAS_KL:
+        d = d + dextra / n1
+    if TIS_MODE == 1:
+        d = d * tis
+    tl.store(grad_ptr + p, tl.where(active, up * d, 0.0), mask=inb)
+    if WITH_ENTROPY_GRAD:
+        tl.store(grad_ent_ptr + p, tl.where(active, up * (tis * (-ent_coef / n1)), 0.0), mask=inb)
 
 
-def launch_forward(logp, old_logp, advantages, mask_u8, clip_low, clip_high, normalizer):
+def _token_flags(ref_logp, entropy, kl_estimator, tis_mode):
+    return dict(HAS_KL=ref_logp is not None, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=entropy is not None,
+                TIS_MODE=TIS_MODES[tis_mode])
+
+
+def _token_args(kl_coef, entropy_coef, tis_cap):
+    return float(kl_coef), float(entropy_coef), float(tis_cap) if tis_cap is not None else 0.0
+
+
+def launch_forward(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_logp, clip_low, clip_high,
+                   normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap):
+    """(loss [], sequence terms [B], diagnostics [5], weight [], coef [B], n [B]), fp32."""
     B, T = logp.shape
     dev = logp.device
-    rows = [torch.zeros(B, dtype=torch.float32, device=dev) for _ in range(5)]  # loss, s, coef, n, clipped
+    rows = [torch.zeros(B, dtype=torch.float32, device=dev) for _ in range(N_ROWS)]  # loss, s, coef, n, clipped, k3
     loss = torch.zeros((), dtype=torch.float32, device=dev)
     diag = torch.zeros(len(DIAGNOSTICS), dtype=torch.float32, device=dev)
     weight = torch.zeros((), dtype=torch.float32, device=dev)
+    opt = lambda x: logp if x is None else x  # noqa: E731 - an unused pointer
     if B and T:
         cfg = _cfg("rl_policy_loss_rows", dev)
-        _gspo_rows_kernel[(B,)](logp, old_logp, advantages, mask_u8, *rows, T, float(clip_low), float(clip_high),
+        _gspo_rows_kernel[(B,)](logp, old_logp, advantages, mask_u8, opt(ref_logp), opt(entropy), opt(rollout_logp),
+                                *rows, T, float(clip_low), float(clip_high),
+                                *_token_args(kl_coef, entropy_coef, tis_cap),
+                                **_token_flags(ref_logp, entropy, kl_estimator, tis_mode),
                                 BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)
     if B:
         cfg = _cfg("rl_policy_loss_batch", dev)
-        _gspo_batch_kernel[(1,)](rows[0], rows[1], rows[3], rows[4], loss, diag, weight, B,
+        _gspo_batch_kernel[(1,)](rows[0], rows[1], rows[3], rows[4], rows[5], loss, diag, weight, B,
                                  float(normalizer) if normalizer is not None else 1.0,
                                  HAS_NORMALIZER=normalizer is not None, BLOCK_B=cfg.block_v,
                                  num_warps=cfg.num_warps)
-    return loss, rows[0], diag, weight, rows[2]
+    return loss, rows[0], diag, weight, rows[2], rows[3]
 
 
 @torch.library.custom_op("rlk_triton::gspo_loss_fwd", mutates_args=())
 def gspo_loss_fwd(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  clip_low: float, clip_high: float, normalizer: Optional[float],
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_forward(logp, old_logp, advantages, mask, clip_low, clip_high, normalizer)
+                  ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor],
+                  rollout_logp: Optional[torch.Tensor], clip_low: float, clip_high: float,
+                  normalizer: Optional[float], kl_coef: float, kl_estimator: str, entropy_coef: float,
+                  tis_mode: str, tis_cap: Optional[float],
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, clip_low, clip_high,
+                          normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap)
 
 
 @gspo_loss_fwd.register_fake
-def _(logp, old_logp, advantages, mask, clip_low, clip_high, normalizer):
+def _(logp, *rest):
     f = lambda *shape: logp.new_empty(shape, dtype=torch.float32)  # noqa: E731
     B = logp.shape[0]
-    return f(), f(B), f(len(DIAGNOSTICS)), f(), f(B)
+    return f(), f(B), f(len(DIAGNOSTICS)), f(), f(B), f(B)
 
 
 @torch.library.custom_op("rlk_triton::gspo_loss_bwd", mutates_args=())
 def gspo_loss_bwd(grad_loss: torch.Tensor, grad_rows: torch.Tensor, weight: torch.Tensor, coef: torch.Tensor,
-                  mask: torch.Tensor) -> torch.Tensor:
+                  n: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                  ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor],
+                  rollout_logp: Optional[torch.Tensor], kl_coef: float, kl_estimator: str, entropy_coef: float,
+                  tis_mode: str, tis_cap: Optional[float], with_entropy_grad: bool,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     B, T = mask.shape
     grad = torch.empty(B, T, dtype=torch.float32, device=mask.device)
+    grad_ent = torch.empty(B, T, dtype=torch.float32, device=mask.device) if with_entropy_grad else grad.new_empty(0)
     if B and T:
         cfg = _cfg("rl_policy_loss_bwd", mask.device)
-        _gspo_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](grad_loss, grad_rows, weight, coef, mask, grad, T,
-                                                             BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)
-    return grad
+        opt = lambda x: logp if x is None else x  # noqa: E731
+        _gspo_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+            grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, opt(ref_logp), opt(entropy),
+            opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
+            *_token_args(kl_coef, entropy_coef, tis_cap), **_token_flags(ref_logp, entropy, kl_estimator, tis_mode),
+            WITH_ENTROPY_GRAD=with_entropy_grad, BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)
+    return grad, grad_ent
 
 
 @gspo_loss_bwd.register_fake
-def _(grad_loss, grad_rows, weight, coef, mask):
-    return mask.new_empty(mask.shape, dtype=torch.float32)
+def _(grad_loss, grad_rows, weight, coef, n, logp, *rest):
+    with_entropy_grad = rest[-1]
+    return logp.new_empty(logp.shape), logp.new_empty(logp.shape) if with_entropy_grad else logp.new_empty(0)
+
+
+_PARAMS = ("clip_low", "clip_high", "normalizer", "kl_coef", "kl_estimator", "entropy_coef", "tis_mode", "tis_cap")
 
 
 def _setup(ctx, inputs, output):
-    mask = inputs[3]
-    _loss, _rows, _diag, weight, coef = output
-    ctx.save_for_backward(weight, coef, mask)
+    logp, old_logp, _adv, mask, ref_logp, entropy, rollout_logp, *params = inputs
+    _loss, _rows, _diag, weight, coef, n = output
+    ctx.save_for_backward(weight, coef, n, logp, old_logp, mask, ref_logp, entropy, rollout_logp)
+    ctx.params = dict(zip(_PARAMS, params))
 
 
-def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef):
-    weight, coef, mask = ctx.saved_tensors
+def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
+    weight, coef, n, logp, old_logp, mask, ref_logp, entropy, rollout_logp = ctx.saved_tensors
+    p = ctx.params
     g_loss = torch.zeros((), device=mask.device) if g_loss is None else g_loss.contiguous()
     g_rows = torch.zeros(mask.shape[0], device=mask.device) if g_rows is None else g_rows.contiguous()
-    grad = gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, mask)
-    return grad, None, None, None, None, None, None
+    with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
+    grad, grad_ent = gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, n, logp, old_logp, mask, ref_logp,
+                                   entropy, rollout_logp, p["kl_coef"], p["kl_estimator"], p["entropy_coef"],
+                                   p["tis_mode"], p["tis_cap"], with_entropy_grad)
+    grads = [None] * (7 + len(_PARAMS))
+    grads[0] = grad
+    if with_entropy_grad:
+        grads[5] = grad_ent
+    return tuple(grads)
 
 
 gspo_loss_fwd.register_autograd(_backward, setup_context=_setup)

@@ -170,23 +170,52 @@ def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_
     return total.to(torch.float32), loss.to(torch.float32), diag.to(torch.float32)
 
 
-def gspo_loss(logp, old_logp, advantages, mask_u8, clip_low, clip_high, normalizer):
-    """(loss [], sequence_loss [B], diagnostics [4]) fp32; same arguments as ops.gspo.gspo_loss_fwd."""
+def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_logp, clip_low, clip_high, normalizer,
+              kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap):
+    """(loss [], sequence_loss [B], diagnostics [5]) fp32; same arguments as ops.gspo.gspo_loss_fwd
+    (ref_logp / entropy / rollout_logp are None when their term is off)."""
     active = mask_u8 != 0
+    tis = None
+    if tis_mode != "none":
+        w = torch.exp(_const(old_logp, active) - _const(rollout_logp, active))
+        if tis_mode == "truncate":
+            tis = torch.clamp(w, max=tis_cap)
+        else:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
+            active = active & (w <= tis_cap)
+    lp, old = _safe(logp, active), _const(old_logp, active)
     n = active.sum(1).to(F64)
     has = n > 0
-    s = torch.exp(row_sums(_safe(logp, active) - _const(old_logp, active)) / torch.clamp(n, min=1.0))
+    n1 = torch.clamp(n, min=1.0)
+    s = torch.exp(row_sums(lp - old) / n1)
     a = advantages.detach().to(F64)
     cs = torch.clamp(s, clip_low, clip_high)
     unclipped = -a * s >= -a * cs
-    terms = torch.where(has, torch.where(unclipped, -a * s, -a * cs), 0.0)
+    if tis is None:
+        terms = torch.where(unclipped, -a * s, -a * cs)
+    else:  # GSPO-token: s_it = sg(s_i) exp(logp_t - sg(logp_t)), each token's share weighted by tis_t
+        s_tok = s.detach()[:, None] * torch.exp(lp - lp.detach())
+        pg_tok = torch.where(unclipped[:, None], -a[:, None] * s_tok, -a[:, None] * torch.clamp(s_tok, clip_low, clip_high))
+        terms = row_sums(torch.where(active, tis * pg_tok, 0.0)) / n1
+    if ref_logp is not None or entropy is not None:
+        extra = torch.zeros_like(lp)
+        if ref_logp is not None:
+            extra = extra + kl_coef * _kl(lp, _const(ref_logp, active), kl_estimator)
+        if entropy is not None:
+            extra = extra - entropy_coef * _safe(entropy, active)
+        if tis is not None:
+            extra = tis * extra
+        terms = terms + row_sums(torch.where(active, extra, 0.0)) / n1
+    terms = torch.where(has, terms, 0.0)
     seqs = has.sum().to(F64)
     den = seqs if normalizer is None else torch.tensor(float(normalizer), dtype=F64, device=logp.device)
     total = _div0(batch_sum(terms), den)
     with torch.no_grad():
         sd = s.detach()
+        u = old - lp.detach()
+        k3 = (torch.exp(u) - 1.0) - u
         diag = torch.stack([
             _div0((has & (sd != cs.detach())).sum().to(F64), seqs),
+            _div0(batch_sum(row_sums(torch.where(active, k3, 0.0))), n.sum()),
             _div0(batch_sum(torch.where(has, sd, 0.0)), seqs),
             torch.where(seqs > 0, torch.where(has, sd, torch.inf).amin() if sd.numel() else seqs, 0.0),
             torch.where(seqs > 0, torch.where(has, sd, -torch.inf).amax() if sd.numel() else seqs, 0.0),

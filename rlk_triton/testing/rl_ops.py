@@ -1,7 +1,8 @@
 """The RL losses and advantages as registered operators: inputs, error scales, judges, cases, row ops.
 
-rlk_triton.registry lists ratio_kl, policy_loss, gae and group_advantages from rl_operators(); the
-tests (tests/test_rl_losses.py, tests/test_rl_backends.py, tests/test_rl_registry.py),
+rlk_triton.registry lists ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
+reinforce_pp_baseline from rl_operators(); the tests (tests/test_rl_losses.py, tests/test_gspo.py,
+tests/test_rl_backends.py, tests/test_rl_registry.py),
 `rlk-triton check` and scripts/measure_rl_losses.py use the same definitions from here, so that the
 contract and everything that judges against it share one definition of `scale`.
 
@@ -27,6 +28,7 @@ Inputs keep a margin of 1e-4 (relative) from the branch edges (clip bounds, dual
 clamp, TIS cap), where the gradient jumps and the branch is decided by the last fp32 rounding; the
 contract judges the arithmetic, not those ties.
 
+GSPO (gspo_loss): per-sequence scales, defined in the comment above gspo_inputs.
 Advantages (contracts/advantages.yaml): the scales are reference/advantages.py's.
 """
 from __future__ import annotations
@@ -39,9 +41,10 @@ import torch
 
 from .. import contracts
 from .._runtime import arch_of
-from ..losses import policy_loss, ratio_kl
-from ..reference.losses import (aggregation_weights, policy_loss_grad_reference, policy_loss_reference,
-                                policy_loss_terms, ratio_kl_grad_reference, ratio_kl_reference)
+from ..losses import gspo_loss, policy_loss, ratio_kl
+from ..reference.losses import (aggregation_weights, gspo_grad_reference, gspo_reference, gspo_terms,
+                                policy_loss_grad_reference, policy_loss_reference, policy_loss_terms,
+                                ratio_kl_grad_reference, ratio_kl_reference)
 from .invariance import RowOp
 
 OP = "rl_losses"
@@ -266,6 +269,147 @@ def judge_ratio_kl(inputs, device, *, with_ref=True, use_mask=True, estimator="k
     out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(logp.grad), ref_grad, sens, bound)
     return out
 
+# ---- GSPO (rlk_triton.losses.gspo_loss): inputs, scales, judge ----
+# Scales (what fp32 rounding grows with), per sequence i over its active tokens (after TIS masking),
+# with m_i = mean of |logp| + |old_logp| (the subtraction and the mean: s_i = exp(mean log-ratio)
+# carries a relative error of about eps (1 + m_i)), tis_s_t as in policy_loss (min(w, cap) (1 + |old -
+# rollout|) for "truncate", else 1) and kscale / dkscale as above:
+#   gspo_sequence_loss  mean_t tis_s_t (|A_i| max(s_i, clip(s_i)) (1 + m_i) + |kl_coef| kscale_t + |entropy_coef entropy_t|)
+#   gspo_loss           the same, summed with the aggregation's weight (1 / normalizer or 1 / #sequences)
+#   gspo_ratio          s_i (1 + m_i) (ratio_mean: the mean of those; ratio_min / ratio_max: their max)
+#   clipfrac 1; approx_kl as policy_loss's (over the active tokens)
+#   d logp sensitivity  |up_i| tis_s_t (|A_i| s_i [unclipped] (1 + m_i) + |kl_coef| dkscale_t) / n_i
+#   d entropy           |up_i| tis_s_t |entropy_coef| / n_i,   up_i = g_loss w + g_i
+# Without the optional terms these are the scales the gspo_* rows were first measured with.
+
+GSPO_CLIPS = {"paper": (3e-4, 4e-4), "ppo": (EPS_LOW, EPS_HIGH)}
+GSPO_FEATURES = {
+    "plain": {},
+    "kl_k1": {"kl_coef": 0.05, "kl_estimator": "k1"},
+    "kl_k2": {"kl_coef": 0.05, "kl_estimator": "k2"},
+    "kl_k3": {"kl_coef": 0.1, "kl_estimator": "k3"},
+    "entropy": {"entropy_coef": 0.01},
+    "tis_truncate": {"tis_mode": "truncate"},
+    "tis_mask": {"tis_mode": "mask"},
+    "everything": {"kl_coef": 0.1, "entropy_coef": 0.01, "tis_mode": "truncate"},
+}
+
+
+def gspo_inputs(B, T, seed, device, spread=1e-3, p_active=0.8, empty_rows=()):
+    """fp32 inputs of gspo_loss: logp = old_logp + spread * N(0, 1) (sequence ratios near 1), one
+    advantage per sequence, ref / rollout logp and entropy as make_inputs (rollout kept 1e-4 away from
+    the TIS cap)."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 4
+    logp = old + spread * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    mask = torch.rand(B, T, generator=g) < p_active
+    mask[list(empty_rows)] = False
+    ref = logp + 0.3 * torch.randn(B, T, generator=g)
+    lw = _away_from((0.3 * torch.randn(B, T, generator=g)).numpy(), [math.log(c) for c in TIS_EDGES])
+    roll = old - torch.from_numpy(lw)
+    entropy = torch.rand(B, T, generator=g) * 4
+    return {k: v.to(device) for k, v in (("logp", logp), ("old_logp", old), ("advantages", adv), ("mask", mask),
+                                          ("ref_logp", ref), ("rollout_logp", roll), ("entropy", entropy))}
+
+
+def gspo_kwargs(inputs, spec):
+    """(kwargs for rlk_triton.losses.gspo_loss, kwargs for reference/losses.py's gspo_*) of one case.
+    spec keys: clip ("paper" / "ppo"), normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode."""
+    eps_low, eps_high = GSPO_CLIPS[spec.get("clip", "paper")]
+    ours = {"eps_low": eps_low, "eps_high": eps_high, "normalizer": spec.get("normalizer")}
+    if spec.get("kl_coef"):
+        ours.update(ref_logp=inputs["ref_logp"], kl_coef=spec["kl_coef"], kl_estimator=spec.get("kl_estimator", "k3"))
+    if spec.get("entropy_coef"):
+        ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
+    if spec.get("tis_mode"):
+        ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
+    return ours, {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
+
+
+def _gspo_pieces(x, mask, ref_kw):
+    """Per-sequence and per-token pieces of the GSPO scales (see above), float64."""
+    kw = {k: v for k, v in ref_kw.items() if k != "normalizer"}
+    t = gspo_terms(x["logp"], x["old_logp"], x["advantages"], mask, **kw)
+    active, n, has, s = t["active"], t["n"], t["has"], t["s"]
+    n1 = np.maximum(n, 1.0)
+    mag = np.where(active, np.abs(x["logp"]) + np.abs(x["old_logp"]), 0.0).sum(1) / n1
+    a = x["advantages"]
+    cs = np.clip(s, 1 - ref_kw["eps_low"], 1 + ref_kw["eps_high"])
+    unclipped = -a * s >= -a * cs
+    tis_s = np.ones_like(x["logp"])
+    if ref_kw.get("tis_mode") == "truncate":
+        lw = x["old_logp"] - x["rollout_logp"]
+        tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
+    tok_s = dtok_s = np.zeros_like(x["logp"])
+    if ref_kw.get("kl_coef"):
+        u = x["ref_logp"] - x["logp"]
+        tok_s = abs(ref_kw["kl_coef"]) * _kscale(u, ref_kw.get("kl_estimator", "k3"))
+        dtok_s = abs(ref_kw["kl_coef"]) * _dkscale(u, ref_kw.get("kl_estimator", "k3"))
+    tok_s = tok_s + abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
+    z = lambda v: np.where(active, v, 0.0)  # noqa: E731
+    pg_s = np.abs(a) * np.maximum(s, cs) * (1 + mag)
+    seq = np.where(has, z(tis_s * (pg_s[:, None] + tok_s)).sum(1) / n1, 0.0)
+    dpg_s = np.where(unclipped, np.abs(a) * s, 0.0) * (1 + mag)
+    return {"t": t, "seq": seq, "ratio": np.where(has, s * (1 + mag), 0.0), "n1": n1,
+            "d_logp": z(tis_s * (dpg_s[:, None] + dtok_s)) / n1[:, None],
+            "d_entropy": z(tis_s * abs(ref_kw.get("entropy_coef", 0.0))) / n1[:, None],
+            "k3_old": np.exp(x["old_logp"] - x["logp"]) + np.abs(x["old_logp"] - x["logp"]) + 1.0}
+
+
+def run_gspo(inputs, spec, grad_loss=1.3, grad_rows_seed=None, backend="triton"):
+    """gspo_loss and the float64 reference, values and gradients: (ours, ref, (x, mask, ref_kw, g_rows))."""
+    ours_kw, ref_kw = gspo_kwargs(inputs, spec)
+    logp = inputs["logp"].detach().clone().requires_grad_(True)
+    if "entropy" in ours_kw:
+        ours_kw["entropy"] = ours_kw["entropy"].detach().clone().requires_grad_(True)
+    loss, seq, diag = gspo_loss(logp, inputs["old_logp"], inputs["advantages"], mask=inputs["mask"], backend=backend,
+                                **ours_kw)
+    total, g_rows = loss * grad_loss, None
+    if grad_rows_seed is not None:
+        g_rows = torch.randn(seq.shape, generator=torch.Generator().manual_seed(grad_rows_seed))
+        total = total + (seq * g_rows.to(seq.device)).sum()
+    total.backward()
+    ours = {"gspo_loss": loss.detach(), "gspo_sequence_loss": seq.detach(), **diag, "d_logp": logp.grad,
+            "d_entropy": ours_kw["entropy"].grad if "entropy" in ours_kw else None}
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].cpu().numpy()
+    r_loss, r_seq, r_diag = gspo_reference(x["logp"], x["old_logp"], x["advantages"], mask, **ref_kw)
+    g64 = None if g_rows is None else g_rows.double().numpy()
+    r_dlogp, r_dent = gspo_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, grad_loss, g64, **ref_kw)
+    ref = {"gspo_loss": r_loss, "gspo_sequence_loss": r_seq, **r_diag, "d_logp": r_dlogp, "d_entropy": r_dent}
+    return ours, ref, (x, mask, ref_kw, g64)
+
+
+def judge_gspo(inputs, spec, device, grad_loss=1.3, grad_rows_seed=1, backend="triton"):
+    """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
+    arch = arch_of(torch.device(device))
+    ours, ref, (x, mask, ref_kw, g_rows) = run_gspo(inputs, spec, grad_loss, grad_rows_seed, backend)
+    p = _gspo_pieces(x, mask, ref_kw)
+    has, active = p["t"]["has"], p["t"]["active"]
+    norm = ref_kw.get("normalizer")
+    den = float(has.sum()) if norm is None else float(norm)
+    w = 1.0 / den if den > 0 else 0.0
+    fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
+    r_ext = float(p["ratio"].max(initial=0.0))
+    scales = {"gspo_loss": (float(p["seq"].sum() * w), "gspo_loss"),
+              "gspo_sequence_loss": (p["seq"], "gspo_sequence_loss"),
+              "clipfrac": (1.0 if has.any() else 0.0, "clipfrac"),
+              "approx_kl": (_mean_over(p["k3_old"], active), "approx_kl"),
+              "ratio_mean": (float(p["ratio"].sum() / max(has.sum(), 1)), "gspo_ratio"),
+              "ratio_min": (r_ext, "gspo_ratio"), "ratio_max": (r_ext, "gspo_ratio")}
+    out = {name: contracts.scaled_abs_ratio(np.atleast_1d(_np(ours[name])), np.atleast_1d(ref[name]),
+                                            np.atleast_1d(sc), fwd[row]) for name, (sc, row) in scales.items()}
+    bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
+    up = np.abs(grad_loss * w * has) + (0.0 if g_rows is None else np.abs(g_rows))
+    out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_logp"]), ref["d_logp"],
+                                                              up[:, None] * p["d_logp"], bound)
+    if ours["d_entropy"] is not None:
+        out["d_entropy"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_entropy"]), ref["d_entropy"],
+                                                                     up[:, None] * p["d_entropy"], bound)
+    return out
+
+
 def _norm_for(aggregation):
     return 37.0 if aggregation == "seq-mean-token-sum-norm" else None
 
@@ -414,6 +558,50 @@ def group_row_op(members, device, mode="mean_std", backend="triton") -> RowOp:
     return RowOp(f"group_advantages.{backend}[members={members},{mode}]", forward, make_rows)
 
 
+def gspo_row_op(T, device, backend="triton") -> RowOp:
+    """gspo_loss's per-sequence terms and their d logp / d entropy, every term on and a normalizer (with
+    it, a sequence's term and gradients are its own)."""
+    spec = {"clip": "ppo", "normalizer": NORMALIZER, **GSPO_FEATURES["everything"]}
+
+    def make_rows(n, gen):
+        x = gspo_inputs(n, T, _seed(gen), device, spread=1e-2)
+        return (x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], x["entropy"], x["rollout_logp"])
+
+    def forward(logp, old, adv, mask, ref, ent, roll):
+        kw, _ = gspo_kwargs({"ref_logp": ref, "entropy": ent, "rollout_logp": roll}, spec)
+        kw["entropy"] = ent
+        return (gspo_loss(logp, old, adv, mask=mask, backend=backend, **kw)[1],)
+
+    return RowOp(f"gspo_loss.{backend}[T={T}]", forward, make_rows, grad_inputs=(0, 5))
+
+
+REINFORCE_PP_TOKEN_STATS = (0.25, 1.5)  # token_mean, token_std given: the whitening is then per token
+
+
+def reinforce_pp_row_op(members, T, device, backend="triton") -> RowOp:
+    """reinforce_pp_baseline with one GROUP per harness row (scores [n, members], valid [n, members],
+    mask [n, members, T]), flattened member-major as group_row_op, with token_mean / token_std given:
+    the batch-level whitening statistics are the caller's then, and a group's token advantages depend
+    on its own members only."""
+    from ..advantages import reinforce_pp_baseline
+
+    def make_rows(n, gen):
+        s = (torch.randn(n, members, generator=gen) * 2 + 1).to(device)
+        ok = (torch.rand(n, members, generator=gen) > 0.15).to(device)
+        m = (torch.rand(n, members, T, generator=gen) < 0.8).to(device)
+        return s, ok, m
+
+    def forward(s, ok, m):
+        n = s.shape[0]
+        gid = torch.arange(n, device=s.device).repeat(members)
+        mean, std = REINFORCE_PP_TOKEN_STATS
+        out = reinforce_pp_baseline(s.t().reshape(-1), gid, m.transpose(0, 1).reshape(members * n, T), num_groups=n,
+                                    valid=ok.t().reshape(-1), token_mean=mean, token_std=std, backend=backend)
+        return (out.view(members, n, T).transpose(0, 1),)
+
+    return RowOp(f"reinforce_pp_baseline.{backend}[members={members},T={T}]", forward, make_rows)
+
+
 # ---- parity cases (seeded, self-describing) ----
 
 @dataclass(frozen=True)
@@ -480,6 +668,36 @@ class GroupCase:
         return f"B={self.B} groups={self.groups} {self.mode}"
 
 
+@dataclass(frozen=True)
+class GspoCase:
+    B: int
+    T: int
+    feature: str = "plain"  # a key of GSPO_FEATURES
+    clip: str = "paper"  # a key of GSPO_CLIPS
+    spread: float = 1e-2
+    normalizer: object = None
+    seed: int = 0
+    dtype = torch.float32
+
+    def spec(self) -> dict:
+        return {"clip": self.clip, "normalizer": self.normalizer, **GSPO_FEATURES[self.feature]}
+
+    def label(self) -> str:
+        return f"[{self.B}x{self.T}] gspo {self.feature} clip={self.clip} spread={self.spread} norm={self.normalizer}"
+
+
+@dataclass(frozen=True)
+class ReinforcePPCase:
+    B: int
+    groups: int
+    T: int
+    seed: int = 0
+    dtype = torch.float32
+
+    def label(self) -> str:
+        return f"B={self.B} groups={self.groups} T={self.T} reinforce++"
+
+
 def judge_case(case, device, backend="triton") -> dict:
     """Judge one parity case of any RL operator: {name: worst error / contract bound} (<= 1 passes)."""
     if isinstance(case, RatioKlCase):
@@ -500,6 +718,13 @@ def judge_case(case, device, backend="triton") -> dict:
     if isinstance(case, GroupCase):
         s, gid, ok = group_inputs(case.B, case.groups, case.seed, device)
         return judge_group_advantages(s, gid, ok, case.groups + 2, case.mode, device, backend)  # 2 empty groups
+    if isinstance(case, GspoCase):
+        x = gspo_inputs(case.B, case.T, case.seed, device, case.spread, empty_rows=(min(1, case.B - 1),))
+        return judge_gspo(x, case.spec(), device, backend=backend)
+    if isinstance(case, ReinforcePPCase):
+        s, gid, ok = group_inputs(case.B, case.groups, case.seed, device)
+        m = (torch.rand(case.B, case.T, generator=torch.Generator().manual_seed(case.seed + 1)) < 0.8).to(device)
+        return judge_reinforce_pp(s, gid, m, ok, case.groups + 2, device, backend)  # 2 empty groups
     raise TypeError(f"not an RL parity case: {case!r}")
 
 
@@ -531,7 +756,8 @@ def _backends(op, kernels, autograd, shapes, invariance_note):
 
 
 def rl_operators() -> list:
-    """registry.Operator entries of ratio_kl, policy_loss, gae and group_advantages."""
+    """registry.Operator entries of ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
+    reinforce_pp_baseline."""
     from ..registry import Operator
 
     bt = {"B": "any", "T": "< 2^24", "B*T": "< 2^31"}
@@ -557,6 +783,18 @@ def rl_operators() -> list:
         big = [GroupCase(4096, 512, m, seed=34) for m in ("mean", "mean_std", "rloo")] if on_gpu else []
         return [GroupCase(64, 9, "mean", 31), GroupCase(64, 9, "mean_std", 32), GroupCase(64, 9, "rloo", 33),
                 GroupCase(1, 1, "mean_std", 35)] + big
+
+    def gspo_cases(on_gpu):
+        B, T = (64, 8192) if on_gpu else (4, 33)
+        return [GspoCase(B, T, "plain", "paper", 1e-3, seed=41),
+                GspoCase(B, T, "everything", "ppo", 1e-2, NORMALIZER, seed=42),
+                GspoCase(3, 300, "tis_mask", "ppo", 1e-1, seed=43),
+                GspoCase(B, T, "kl_k2", "paper", 1e-4, seed=44)]
+
+    def reinforce_pp_cases(on_gpu):
+        big = [ReinforcePPCase(4096, 512, 1024, seed=54)] if on_gpu else []
+        return [ReinforcePPCase(64, 9, 7, seed=51), ReinforcePPCase(5, 2, 40, seed=52),
+                ReinforcePPCase(1, 1, 3, seed=53)] + big
 
     per_token = ("per-token values and gradients bitwise independent of the other rows; "
                  "the scalar loss's gradient too when a normalizer is passed")
@@ -584,4 +822,20 @@ def rl_operators() -> list:
                  lambda device, on_gpu: [group_row_op(8 if on_gpu else 4, device, m, backend=b)
                                          for b in both for m in ("mean_std", "rloo")],
                  _probe_with(GroupCase(12, 3, "mean_std", seed=8))),
+        Operator("gspo_loss", "rl_losses",
+                 _backends("gspo_loss", "rlk_triton/ops/gspo.py", True, bt,
+                           "per sequence: a sequence's term and its d logp / d entropy are bitwise its own when "
+                           "a normalizer is passed"),
+                 gspo_cases, judge_case,
+                 lambda device, on_gpu: [gspo_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                 _probe_with(GspoCase(2, 9, "everything", "ppo", 1e-2, seed=9))),
+        Operator("reinforce_pp_baseline", "advantages",
+                 _backends("reinforce_pp_baseline", "rlk_triton/ops/advantages.py (group means) + torch whitening",
+                           False, {"B": "any", "T": "< 2^24", "num_groups": "any"},
+                           "per group when token_mean / token_std are passed; otherwise the whitening "
+                           "statistics are the batch's, as the math says"),
+                 reinforce_pp_cases, judge_case,
+                 lambda device, on_gpu: [reinforce_pp_row_op(8 if on_gpu else 4, 64 if on_gpu else 5, device,
+                                                              backend=b) for b in both],
+                 _probe_with(ReinforcePPCase(12, 3, 4, seed=10))),
     ]
