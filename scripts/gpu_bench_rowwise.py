@@ -123,8 +123,9 @@ def bench_swiglu(rows, copy, I=14336):
              lambda: _timed(_fwd_bwd(fn, (gate, up), (dy,)), 8 * pass_bytes, copy))
 
 
-def sweep_rmsnorm(rows, copy, budget_s=35.0):
-    """A few config alternatives, timed with the launchers (cfg overrides): data for the locked table."""
+def sweep_rmsnorm(rows, copy, budget_s=60.0):
+    """Config alternatives, timed with the launchers (overrides): data for the locked table.
+    Forward: rows per program x warps. Backward: rows per dW block R x reduce lanes B x warps."""
     from rlk_triton.ops.rmsnorm import launch_backward, launch_forward
 
     t_end = time.time() + budget_s
@@ -135,25 +136,28 @@ def sweep_rmsnorm(rows, copy, budget_s=35.0):
         dy = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
         pass_bytes = N * H * 2
         base_f = configs.lookup("rmsnorm_fwd", "sm90", torch.bfloat16, H)
-        for warps in (4, 8, 16):
-            if time.time() > t_end:
-                return
-            cfg = configs.LaunchConfig(base_f.block_v, warps, 1)
-            _row(rows, f"sweep rmsnorm forward H={H} warps={warps}",
-                 lambda: {"config": [cfg.block_v, warps, 1],
-                          **_timed(lambda: launch_forward(x, w, None, 1e-6, 0.0, cfg=cfg), 2 * pass_bytes, copy)})
+        for rf in (1, 2, 4):
+            for warps in (4, 8, 16):
+                if time.time() > t_end:
+                    return
+                cfg = configs.LaunchConfig(base_f.block_v, warps, 1)
+                _row(rows, f"sweep rmsnorm forward H={H} rows={rf} warps={warps}",
+                     lambda: {"config": [cfg.block_v, warps, 1], "rows_per_program": rf,
+                              **_timed(lambda: launch_forward(x, w, None, 1e-6, 0.0, cfg=cfg, rows_per_program=rf),
+                                       2 * pass_bytes, copy)})
         _, _, rstd = launch_forward(x, w, None, 1e-6, 0.0)
         base_b = configs.lookup("rmsnorm_bwd", "sm90", torch.bfloat16, H)
-        for R in (8, 32, 128):
-            for warps in (8, 16):
-                for stages in (1, 2):
+        for R in (16, 32, 64, 128):
+            for B in (16, 64, 128):
+                for warps in (8, 16):
                     if time.time() > t_end:
                         return
-                    cfg = configs.LaunchConfig(base_b.block_v, warps, stages)
-                    _row(rows, f"sweep rmsnorm backward H={H} R={R} warps={warps} stages={stages}",
-                         lambda: {"config": [cfg.block_v, warps, stages], "rows_per_block": R,
-                                  **_timed(lambda: launch_backward(dy, None, x, w, rstd, 0.0, True, False,
-                                                                   cfg=cfg, rows_per_block=R), 3 * pass_bytes, copy)})
+                    cfg = configs.LaunchConfig(base_b.block_v, warps, 1)
+                    _row(rows, f"sweep rmsnorm backward H={H} R={R} B={B} warps={warps}",
+                         lambda: {"config": [cfg.block_v, warps, 1], "rows_per_block": R, "reduce_lanes": B,
+                                  **_timed(lambda: launch_backward(dy, None, x, w, rstd, 0.0, True, False, cfg=cfg,
+                                                                   rows_per_block=R, reduce_block=B),
+                                           3 * pass_bytes, copy)})
 
 
 def checks(rows, deadline):

@@ -18,7 +18,9 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = [((1000, 37, 2048), 32, 8, 128), ((513, 64), 16, 16, 64)] if dev == "cuda" else \
+    # GPU shapes stay modest: the float64 reference costs ~T^2 H D on the host (~280 s for 3085
+    # tokens x 32 heads), and the error ratio does not grow with the head count.
+    shapes = [((300, 37, 700), 8, 2, 128), ((257, 64), 4, 4, 64)] if dev == "cuda" else \
         [((37, 13), 4, 2, 16), ((50,), 2, 2, 32), ((21, 3, 40), 4, 1, 16)]
     worst = {}
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -31,10 +33,15 @@ def main():
                     key = f"{name_dt}/{name}"
                     if val >= worst.get(key, (-1.0, ""))[0]:
                         worst[key] = (val, case.label())
+                print(f"done {case.label()}", flush=True)
+        _write(args.out, dev, worst)  # after each dtype: a cut run keeps what it measured
     for k, (v, c) in sorted(worst.items()):
         print(f"{k:18s} {v:.3e}  ({c})")
-    if args.out:
-        with open(args.out, "w") as f:
+
+
+def _write(path, dev, worst):
+    if path:
+        with open(path, "w") as f:
             json.dump({"device": dev, "worst": {k: {"value": v, "case": c} for k, (v, c) in worst.items()}}, f,
                       indent=1)
 

@@ -13,7 +13,9 @@ Semantics (fp32 inside, two documented downcast points; docs/rmsnorm.md):
   y = dtype((h * rstd) * (w + weight_offset))   fp32 products, downcast 2 (one rounding)
 The normalization reads the downcast h, so the fused op equals rms_norm(residual_out) bitwise.
 
-Forward: one program per row. Backward: one program per block of R rows (configs
+Forward: one program per R_f consecutive rows (configs "rmsnorm_fwd_rows"; 1 when a row spans
+several tiles), each row through the same arithmetic, the next row's loads issued before this row's
+reduction. Backward: one program per block of R rows (configs
 "rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
 the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
 partials in a fixed order (reduction.py). No atomics: dx is batch-invariant per row, dW is
@@ -45,31 +47,46 @@ def _rstd(sum_of_squares, h_count, eps):
     return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sum_of_squares, h_count) + eps))
 
 
-@triton.jit(do_not_specialize=["h_count", "eps", "weight_offset"])
+@triton.jit(do_not_specialize=["N", "h_count", "eps", "weight_offset"])
 def _fwd_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
     y_ptr, res_out_ptr, rstd_ptr,
-    H, h_count, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr,
+    N, H, h_count, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr, ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    res_row = res_ptr + row * res_row_stride
-    out_row = row * H  # y and residual_out are contiguous
+    # ROWS consecutive rows per program (configs "rmsnorm_fwd_rows"), one after another through the
+    # same per-row arithmetic; the program only shares the weight load and prefetches the next row.
+    first = tl.program_id(0).to(tl.int64) * ROWS
     lanes = tl.arange(0, BLOCK_H)
     if ONE_TILE:  # the whole row stays in registers
-        mask = lanes < H
-        h = tl.load(x_row + lanes, mask=mask, other=0.0).to(tl.float32)
+        h_mask = lanes < H
+        w = tl.load(w_ptr + lanes, mask=h_mask, other=0.0).to(tl.float32) + weight_offset
+        x_next = tl.load(x_ptr + first * x_row_stride + lanes, mask=h_mask, other=0.0)
+        r_next = x_next
         if HAS_RESIDUAL:
-            r = tl.load(res_row + lanes, mask=mask, other=0.0).to(tl.float32)
-            h_low = (h + r).to(res_out_ptr.dtype.element_ty)  # downcast 1
-            tl.store(res_out_ptr + out_row + lanes, h_low, mask=mask)
-            h = h_low.to(tl.float32)
-        rstd = _rstd(tl.sum(fold_products(tl.zeros((BLOCK_H,), tl.float32), h, h), 0), h_count, eps)
-        w = tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32) + weight_offset
-        y = (h * rstd) * w
-        tl.store(y_ptr + out_row + lanes, y.to(y_ptr.dtype.element_ty), mask=mask)  # downcast 2
-    else:  # two passes over the tiles; the second re-reads h (the stored residual_out if fused)
+            r_next = tl.load(res_ptr + first * res_row_stride + lanes, mask=h_mask, other=0.0)
+        for row in range(first, tl.minimum(first + ROWS, N)):
+            x_cur = x_next
+            r_cur = r_next
+            # issue the next row's loads before this row's reduction (the last one re-reads row N-1)
+            nxt = tl.minimum(row + 1, N - 1)
+            x_next = tl.load(x_ptr + nxt * x_row_stride + lanes, mask=h_mask, other=0.0)
+            if HAS_RESIDUAL:
+                r_next = tl.load(res_ptr + nxt * res_row_stride + lanes, mask=h_mask, other=0.0)
+            h = x_cur.to(tl.float32)
+            if HAS_RESIDUAL:
+                h_low = (h + r_cur.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # downcast 1
+                tl.store(res_out_ptr + row * H + lanes, h_low, mask=h_mask)
+                h = h_low.to(tl.float32)
+            rstd = _rstd(tl.sum(fold_products(tl.zeros((BLOCK_H,), tl.float32), h, h), 0), h_count, eps)
+            y = (h * rstd) * w
+            tl.store(y_ptr + row * H + lanes, y.to(y_ptr.dtype.element_ty), mask=h_mask)  # downcast 2
+            tl.store(rstd_ptr + row, rstd)
+    else:  # one row per program (ROWS = 1), two passes over the tiles; the second re-reads h
+        row = first  # (the stored residual_out if fused)
+        x_row = x_ptr + row * x_row_stride
+        res_row = res_ptr + row * res_row_stride
+        out_row = row * H  # y and residual_out are contiguous
         acc = tl.zeros((BLOCK_H,), tl.float32)
         for tile in range(0, tl.cdiv(H, BLOCK_H)):
             offs = tile * BLOCK_H + lanes
@@ -92,7 +109,7 @@ def _fwd_kernel(
             w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
             y = (h * rstd) * w
             tl.store(y_ptr + out_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit(do_not_specialize=["N", "h_count", "weight_offset"])
@@ -114,16 +131,28 @@ def _bwd_kernel(
         mask = lanes < H
         w = tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32) + weight_offset
         dw = tl.zeros((BLOCK_H,), tl.float32)
+        h_next = tl.load(h_ptr + row_start * h_row_stride + lanes, mask=mask, other=0.0)
+        g_next = tl.load(grad_y_ptr + row_start * H + lanes, mask=mask, other=0.0)
+        gr_next = g_next
+        if HAS_GRAD_RES:
+            gr_next = tl.load(grad_res_ptr + row_start * H + lanes, mask=mask, other=0.0)
         for row in range(row_start, row_end):  # the block's rows in increasing order
-            h = tl.load(h_ptr + row * h_row_stride + lanes, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(grad_y_ptr + row * H + lanes, mask=mask, other=0.0).to(tl.float32)
+            h = h_next.to(tl.float32)
+            g = g_next.to(tl.float32)
+            gr = gr_next
+            # issue the next row's loads before this row's reduction (the last one re-reads a row)
+            nxt = tl.minimum(row + 1, row_end - 1)
+            h_next = tl.load(h_ptr + nxt * h_row_stride + lanes, mask=mask, other=0.0)
+            g_next = tl.load(grad_y_ptr + nxt * H + lanes, mask=mask, other=0.0)
+            if HAS_GRAD_RES:
+                gr_next = tl.load(grad_res_ptr + nxt * H + lanes, mask=mask, other=0.0)
             rstd = tl.load(rstd_ptr + row)
             xhat = h * rstd
             gw = g * w
             c = tl.div_rn(tl.sum(fold_products(tl.zeros((BLOCK_H,), tl.float32), gw, xhat), 0), h_count)
             dh = (gw - xhat * c) * rstd
             if HAS_GRAD_RES:
-                dh = dh + tl.load(grad_res_ptr + row * H + lanes, mask=mask, other=0.0).to(tl.float32)
+                dh = dh + gr.to(tl.float32)
             tl.store(dx_ptr + row * H + lanes, dh.to(dx_ptr.dtype.element_ty), mask=mask)
             if WITH_DRES:
                 tl.store(dres_ptr + row * H + lanes, dh.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -186,8 +215,9 @@ def hidden_tile(cfg: configs.LaunchConfig, H: int) -> int:
     return min(max(triton.next_power_of_2(H), 16), cfg.block_v)
 
 
-def launch_forward(x, weight, residual, eps, weight_offset, cfg=None):
-    """x, residual: [N, H] with unit stride along H. Returns (y, residual_out or [0], rstd fp32 [N])."""
+def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None):
+    """x, residual: [N, H] with unit stride along H. Returns (y, residual_out or [0], rstd fp32 [N]).
+    cfg / rows_per_program override the locked table (benchmark sweeps only)."""
     N, H = x.shape
     y = torch.empty((N, H), dtype=x.dtype, device=x.device)
     res_out = torch.empty((N, H) if residual is not None else (0,), dtype=x.dtype, device=x.device)
@@ -196,23 +226,25 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None):
         return y, res_out, rstd
     cfg = cfg or _cfg("rmsnorm_fwd", x, H)
     block = hidden_tile(cfg, H)
+    one_tile = block >= H
+    rows = (rows_per_program or _cfg("rmsnorm_fwd_rows", x, H).block_v) if one_tile else 1
     has_res = residual is not None
-    _fwd_kernel[(N,)](
+    _fwd_kernel[(triton.cdiv(N, rows),)](
         x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
         y, res_out if has_res else y, rstd,
-        H, float(H), float(eps), float(weight_offset),
-        HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H,
+        N, H, float(H), float(eps), float(weight_offset),
+        HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=one_tile, ROWS=rows,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y, res_out, rstd
 
 
 def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, with_dres,
-                    cfg=None, rows_per_block=None):
+                    cfg=None, rows_per_block=None, reduce_block=None):
     """grad_y, grad_res: contiguous [N, H]; h: [N, H] (unit stride along H).
     Returns (dx, dw or [0], d residual or [0]): d residual is a second copy of dx, written by the
     kernel when both need it (one tensor returned twice lets autograd's leaves alias their .grad).
-    cfg / rows_per_block override the locked table (benchmark sweeps only)."""
+    cfg / rows_per_block / reduce_block override the locked table (benchmark sweeps only)."""
     N, H = h.shape
     dx = torch.empty((N, H), dtype=h.dtype, device=h.device)
     dres = torch.empty((N, H) if with_dres else (0,), dtype=h.dtype, device=h.device)
@@ -243,10 +275,11 @@ def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, w
     if with_dw:
         dw = torch.empty_like(weight)
         red = _cfg("rmsnorm_dw_reduce", h, H)
+        lanes = reduce_block or red.block_v
         # columns per program: elementwise across columns, so it never changes a result
-        cols = min(triton.next_power_of_2(H), max(16, 2048 // red.block_v))
+        cols = min(triton.next_power_of_2(H), max(16, 2048 // lanes))
         _dw_reduce_kernel[(triton.cdiv(H, cols),)](
-            partial, dw, n_blocks, H, BLOCK_B=red.block_v, BLOCK_C=cols,
+            partial, dw, n_blocks, H, BLOCK_B=lanes, BLOCK_C=cols,
             num_warps=red.num_warps, num_stages=red.num_stages,
         )
     return dx, dw, dres
