@@ -15,6 +15,21 @@ def median_ms(fn, rep_ms: int = 200, warmup_ms: int = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_ms(fn, rep_ms: int = 200, warmup_ms: int = 50) -> float:
+    """Median device time of fn replayed from a CUDA graph: the GPU work alone, without the host's
+    Python and launch overhead (which median_ms includes when the host is the bottleneck)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile, allocate) off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay, rep_ms=rep_ms, warmup_ms=warmup_ms)
+
+
 def copy_rate_gbps(nbytes: int = 2 * 2**30) -> float:
     """Device-to-device copy rate, counting the bytes read plus the bytes written."""
     a = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)

@@ -53,13 +53,20 @@ def main():
     rows = []
 
     def add(name, fn, baseline=None):
+        """ms: wall-clock per call (host overhead included); graph_ms: the device work alone."""
         ms = bench.median_ms(fn, rep_ms=300)
         row = {"name": name, "ms": round(ms, 4)}
+        try:
+            row["graph_ms"] = round(bench.graph_ms(fn, rep_ms=300), 4)
+        except Exception as ex:  # noqa: BLE001 - e.g. a host sync inside fn: not capturable
+            row["graph_error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
         if baseline:
-            row["speedup_vs_eager"] = round(baseline / ms, 2)
+            row["speedup_vs_eager"] = round(baseline[0] / ms, 2)
+            if "graph_ms" in row and baseline[1]:
+                row["graph_speedup_vs_eager"] = round(baseline[1] / row["graph_ms"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        return ms
+        return ms, row.get("graph_ms")
 
     e = add("eager torch GAE loop [64 x 8192]", lambda: eager_gae(r, v, m, 0.99, 0.95))
     add("rlk gae [64 x 8192]", lambda: gae(r, v, m, gamma=0.99, lam=0.95), e)
@@ -69,6 +76,8 @@ def main():
     e = add("eager torch group mean/std (4096 seqs, 512 groups)", lambda: eager_group(s, gid, ok, B * 8))
     add("rlk group_advantages mean_std (4096 seqs, 512 groups)",
         lambda: group_advantages(s, gid, num_groups=B * 8, mode="mean_std", valid=ok), e)
+    add("rlk group_advantages mean_std validate=False (4096 seqs, 512 groups)",
+        lambda: group_advantages(s, gid, num_groups=B * 8, mode="mean_std", valid=ok, validate=False), e)
     try:
         import rl_loss_bench  # scripts/rl_loss_bench.py, when the policy losses exist
 

@@ -13,8 +13,16 @@ def eager_ppo(logp, old, ref, adv, mask, rollout, eps=0.2, c=3.0, kl_coef=0.01, 
     return (tok * mask).sum() / mask.sum()
 
 
+def eager_gspo(logp, old, adv_seq, mask, eps_low=3e-4, eps_high=4e-4):
+    n = mask.sum(-1)
+    s = torch.exp(((logp - old) * mask).sum(-1) / n.clamp(min=1))
+    pg = torch.maximum(-adv_seq * s, -adv_seq * torch.clamp(s, 1 - eps_low, 1 + eps_high))
+    has = n > 0
+    return (pg * has).sum() / has.sum().clamp(min=1)
+
+
 def run(add, B, T):
-    from rlk_triton.losses import policy_loss
+    from rlk_triton.losses import gspo_loss, policy_loss
 
     g = torch.Generator(device="cuda").manual_seed(1)
     old = -torch.rand(B, T, device="cuda", generator=g) * 3
@@ -37,3 +45,10 @@ def run(add, B, T):
     compiled = torch.compile(eager_ppo)
     add("torch.compile PPO+KL+TIS loss fwd+bwd [64 x 8192]",
         lambda: torch.autograd.grad(compiled(logp, old, ref, adv, mask, rollout), logp)[0], e)
+
+    adv_seq = torch.randn(B, device="cuda", generator=g)
+    bmask = mask.bool()
+    e = add("eager torch GSPO loss fwd+bwd [64 x 8192]",
+            lambda: torch.autograd.grad(eager_gspo(logp, old, adv_seq, mask), logp)[0])
+    add("rlk gspo_loss fwd+bwd [64 x 8192]",
+        lambda: torch.autograd.grad(gspo_loss(logp, old, adv_seq, mask=bmask)[0], logp)[0], e)
