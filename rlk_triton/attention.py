@@ -154,7 +154,7 @@ def attention_partial(q, k, v, cu_seqlens=None, *, kv_start: int = 0, kv_end: Op
     from .ops.attention import INT32_MAX, launch_forward
 
     cu, max_seqlen, scale = _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate)
-    bn = configs.lookup_matmul("attention_fwd", arch_of(q.device), q.dtype).block_n
+    bn = configs.lookup_attention("attention_fwd", arch_of(q.device), q.dtype, q.shape[-1]).block_n
     end = INT32_MAX if kv_end is None else int(kv_end)
     if int(kv_start) < 0 or int(kv_start) % bn or end < int(kv_start):
         raise InputError("kv_start", f"must be a multiple of block_n = {bn}, >= 0 and <= kv_end")
@@ -234,7 +234,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if k_cache.shape[3] != q.shape[2]:
         raise ShapeError("k_cache", f"head dim {k_cache.shape[3]} differs from q's {q.shape[2]}")
     _check_heads(q, k_cache.shape[2], "k_cache")
-    bn = configs.lookup_matmul("attention_decode", arch_of(q.device), q.dtype).block_n
+    bn = configs.lookup_attention("attention_decode", arch_of(q.device), q.dtype, q.shape[-1]).block_n
     page_size = k_cache.shape[1]
     if page_size == 0 or page_size % bn:
         raise LayoutError("k_cache", f"page_size {page_size} must be a multiple of block_n = {bn} (a KV "

@@ -143,17 +143,24 @@ def _matmul_rows():
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
     # Attention (rlk_triton/ops/attention.py): block_m = query rows per tile, block_n = the KV block
     # of the online softmax (the reduction order), block_k = 0 (the head dim is the whole K), group_m
-    # unused. attention_decode MUST equal attention_fwd in block_m, block_n and num_warps: the decode
-    # path then runs the training forward's tiles, so a token's out / LSE are the same bits. Untuned.
+    # unused. Bucket: the head dim ("d<=128", "d256": a property of the model, never of the batch).
+    # attention_decode MUST equal attention_fwd in block_m, block_n and num_warps: the decode path
+    # then runs the training forward's tiles, so a token's out / LSE are the same bits. d<=128 bf16 /
+    # fp16 rows: 1.01x / 0.95x SDPA flash on the H200 (docs/reports/h200-pending-2026-12-03.json);
+    # d256 rows: smaller tiles so that q, the K/V stages and the fp32 accumulators fit (untuned).
     for arch in ("sm90", "cuda"):
-        for dt, fwd in (("bfloat16", (128, 64, 8)), ("float16", (128, 64, 8)), ("float32", (64, 32, 4))):
-            t[("attention_fwd", arch, dt, "any")] = MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], 3)
-            t[("attention_decode", arch, dt, "any")] = MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], 3)
-            t[("attention_bwd_dkdv", arch, dt, "any")] = MatmulConfig(64, 64, 0, 1, 4, 2)
-            t[("attention_bwd_dq", arch, dt, "any")] = MatmulConfig(64, 64, 0, 1, 4, 2)
+        for dt, fwd, fwd256, bwd256 in (("bfloat16", (128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 1)),
+                                        ("float16", (128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 1)),
+                                        ("float32", (64, 32, 4, 3), (32, 32, 4, 1), (32, 32, 4, 1))):
+            for bucket, f, b in (("d<=128", fwd, (64, 64, 4, 2)), ("d256", fwd256, bwd256)):
+                t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
+                t[("attention_decode", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
+                t[("attention_bwd_dkdv", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
+                t[("attention_bwd_dq", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
         for kernel in ("attention_fwd", "attention_decode", "attention_bwd_dkdv", "attention_bwd_dq"):
-            t[(kernel, "interpreter", dt, "any")] = MatmulConfig(16, 16, 0, 1, 4, 1)
+            for bucket in ("d<=128", "d256"):
+                t[(kernel, "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1)
     return t
 
 
@@ -191,6 +198,16 @@ def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype) -> MatmulConfig:
     """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype) only."""
     dt = str(dtype).removeprefix("torch.")
     key = (kernel, table_arch(arch, kernel), dt, "any")
+    try:
+        return LOCKED_CONFIGS[key]
+    except KeyError:
+        raise KeyError(f"no locked config for {key}") from None
+
+
+def lookup_attention(kernel: str, arch: str, dtype: torch.dtype, head_dim: int) -> MatmulConfig:
+    """The locked tiles of an attention kernel: a function of (kernel, arch, dtype, head dim) only."""
+    dt = str(dtype).removeprefix("torch.")
+    key = (kernel, table_arch(arch, kernel), dt, "d<=128" if head_dim <= 128 else "d256")
     try:
         return LOCKED_CONFIGS[key]
     except KeyError:

@@ -9,7 +9,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | 
 T0=$(date +%s)
 ( timeout 230 python3 scripts/measure_attention.py --out $OUT/attention_errors.json > $OUT/attention_errors.log 2>&1 ) &
 ( timeout 230 python3 scripts/measure_positional.py --big --out $OUT/positional_errors.json > $OUT/positional_errors.log 2>&1 ) &
-timeout 150 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_rmsnorm.py tests/test_layer_chain.py \
+timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_rmsnorm.py tests/test_layer_chain.py tests/test_attention.py \
   > $OUT/rmsnorm_tests.log 2>&1
 grep -E "passed|failed" $OUT/rmsnorm_tests.log | tail -1; grep -E "^FAILED|^ERROR" $OUT/rmsnorm_tests.log | head -20
 wait

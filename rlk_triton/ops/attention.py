@@ -336,8 +336,8 @@ def _bwd_dq_kernel(
 
 # ---- launchers ----
 
-def _cfg(kernel, t):
-    return configs.lookup_matmul(kernel, arch_of(t.device), t.dtype)
+def _cfg(kernel, q):
+    return configs.lookup_attention(kernel, arch_of(q.device), q.dtype, q.shape[-1])
 
 
 def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None, state_in=None,
