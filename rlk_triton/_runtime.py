@@ -20,12 +20,20 @@ def interpreter_active() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_ARCH_BY_INDEX: dict = {}
+
+
 def arch_of(device: torch.device) -> str:
-    """The arch key of the locked-config table and the contracts: 'interpreter' or 'sm<major><minor>'."""
+    """The arch key of the locked-config table and the contracts: 'interpreter' or 'sm<major><minor>'.
+    Cached per device index: it runs on every launch, where host time is the bottleneck of small ops."""
     if device.type == "cpu":
         return "interpreter"
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm{major}{minor}"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _ARCH_BY_INDEX.get(index)
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        arch = _ARCH_BY_INDEX[index] = f"sm{major}{minor}"
+    return arch
 
 
 def default_arch() -> str:

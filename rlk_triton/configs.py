@@ -7,6 +7,8 @@ docs/configs.md is generated from it.
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -95,19 +97,19 @@ def _rows():
                 t[(kernel, "interpreter", dt, _bucket_name(v_max))] = LaunchConfig(ib, 4, 1)
     # RMSNorm and SwiGLU (rlk_triton/ops/rmsnorm.py, swiglu.py); bucket: the hidden / intermediate
     # size. block_v is the widest tile over that dim (the tile is min(next_pow2(H), block_v), so a
-    # row up to 16384 wide is one tile on CUDA). "rmsnorm_fwd_rows": block_v = rows per forward
-    # program (one-tile rows only; warps / stages unused). "rmsnorm_dw_rows": block_v =
+    # row up to 16384 wide is one tile on CUDA); one row per program. "rmsnorm_dw_rows": block_v =
     # R, rows per dW partial (the fixed row partition of dW), its warps / stages unused;
-    # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). "cuda" rows untuned;
-    # the interpreter rows are narrow so that tests cover several tiles, blocks and lane groups.
+    # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). RMSNorm backward rows
+    # (R = 64, 128 lanes, 8 warps): the H200 sweep's best common choice for H = 4096 and 8192
+    # (docs/reports/h200-round2-2026-12-03.json: 0.821x / 0.834x copy); the other rows untuned.
+    # The interpreter rows are narrow so that tests cover several tiles, blocks and lane groups.
     for dt in _DTYPES:
         two_byte = dt != "float32"
         for v_max, (tile, warps) in zip(V_BUCKETS, ((1024, 4), (8192, 8), (16384, 16))):
             b = _bucket_name(v_max)
             t[("rmsnorm_fwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
-            t[("rmsnorm_bwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 2)
-            t[("rmsnorm_fwd_rows", "cuda", dt, b)] = LaunchConfig(2, 1, 1)
-            t[("rmsnorm_dw_rows", "cuda", dt, b)] = LaunchConfig(32, 1, 1)
+            t[("rmsnorm_bwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
+            t[("rmsnorm_dw_rows", "cuda", dt, b)] = LaunchConfig(64, 1, 1)
             t[("rmsnorm_dw_reduce", "cuda", dt, b)] = LaunchConfig(128, 4, 2)
             t[("swiglu_fwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 4, 1)
             t[("swiglu_bwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 8, 1)
@@ -115,7 +117,6 @@ def _rows():
             b = _bucket_name(v_max)
             t[("rmsnorm_fwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
             t[("rmsnorm_bwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
-            t[("rmsnorm_fwd_rows", "interpreter", dt, b)] = LaunchConfig(2, 1, 1)
             t[("rmsnorm_dw_rows", "interpreter", dt, b)] = LaunchConfig(4, 1, 1)
             t[("rmsnorm_dw_reduce", "interpreter", dt, b)] = LaunchConfig(2, 4, 1)
             t[("swiglu_fwd", "interpreter", dt, b)] = LaunchConfig(glu_tile, 4, 1)
@@ -174,6 +175,7 @@ def v_bucket(V: int) -> str:
     raise AssertionError("unreachable: the last bucket is open")
 
 
+@functools.lru_cache(maxsize=None)  # a scan of the table; called on every launch
 def table_arch(arch: str, kernel: str | None = None) -> str:
     """The table's arch key for a runtime arch: its own rows (for that kernel) if it has them, else
     the generic CUDA rows."""

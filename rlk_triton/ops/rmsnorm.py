@@ -13,9 +13,8 @@ Semantics (fp32 inside, two documented downcast points; docs/rmsnorm.md):
   y = dtype((h * rstd) * (w + weight_offset))   fp32 products, downcast 2 (one rounding)
 The normalization reads the downcast h, so the fused op equals rms_norm(residual_out) bitwise.
 
-Forward: one program per R_f consecutive rows (configs "rmsnorm_fwd_rows"; 1 when a row spans
-several tiles), each row through the same arithmetic, the next row's loads issued before this row's
-reduction. Backward: one program per block of R rows (configs
+Forward: one program per row (an H200 sweep found 2 or 4 rows per program, with the next row
+prefetched, slower). Backward: one program per block of R rows (configs
 "rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
 the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
 partials in a fixed order (reduction.py). No atomics: dx is batch-invariant per row, dW is
@@ -47,46 +46,31 @@ def _rstd(sum_of_squares, h_count, eps):
     return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sum_of_squares, h_count) + eps))
 
 
-@triton.jit(do_not_specialize=["N", "h_count", "eps", "weight_offset"])
+@triton.jit(do_not_specialize=["h_count", "eps", "weight_offset"])
 def _fwd_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
     y_ptr, res_out_ptr, rstd_ptr,
-    N, H, h_count, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr, ROWS: tl.constexpr,
+    H, h_count, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
-    # ROWS consecutive rows per program (configs "rmsnorm_fwd_rows"), one after another through the
-    # same per-row arithmetic; the program only shares the weight load and prefetches the next row.
-    first = tl.program_id(0).to(tl.int64) * ROWS
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    res_row = res_ptr + row * res_row_stride
+    out_row = row * H  # y and residual_out are contiguous
     lanes = tl.arange(0, BLOCK_H)
     if ONE_TILE:  # the whole row stays in registers
-        h_mask = lanes < H
-        w = tl.load(w_ptr + lanes, mask=h_mask, other=0.0).to(tl.float32) + weight_offset
-        x_next = tl.load(x_ptr + first * x_row_stride + lanes, mask=h_mask, other=0.0)
-        r_next = x_next
+        mask = lanes < H
+        h = tl.load(x_row + lanes, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
-            r_next = tl.load(res_ptr + first * res_row_stride + lanes, mask=h_mask, other=0.0)
-        for row in range(first, tl.minimum(first + ROWS, N)):
-            x_cur = x_next
-            r_cur = r_next
-            # issue the next row's loads before this row's reduction (the last one re-reads row N-1)
-            nxt = tl.minimum(row + 1, N - 1)
-            x_next = tl.load(x_ptr + nxt * x_row_stride + lanes, mask=h_mask, other=0.0)
-            if HAS_RESIDUAL:
-                r_next = tl.load(res_ptr + nxt * res_row_stride + lanes, mask=h_mask, other=0.0)
-            h = x_cur.to(tl.float32)
-            if HAS_RESIDUAL:
-                h_low = (h + r_cur.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # downcast 1
-                tl.store(res_out_ptr + row * H + lanes, h_low, mask=h_mask)
-                h = h_low.to(tl.float32)
-            rstd = _rstd(tl.sum(fold_products(tl.zeros((BLOCK_H,), tl.float32), h, h), 0), h_count, eps)
-            y = (h * rstd) * w
-            tl.store(y_ptr + row * H + lanes, y.to(y_ptr.dtype.element_ty), mask=h_mask)  # downcast 2
-            tl.store(rstd_ptr + row, rstd)
-    else:  # one row per program (ROWS = 1), two passes over the tiles; the second re-reads h
-        row = first  # (the stored residual_out if fused)
-        x_row = x_ptr + row * x_row_stride
-        res_row = res_ptr + row * res_row_stride
-        out_row = row * H  # y and residual_out are contiguous
+            r = tl.load(res_row + lanes, mask=mask, other=0.0).to(tl.float32)
+            h_low = (h + r).to(res_out_ptr.dtype.element_ty)  # downcast 1
+            tl.store(res_out_ptr + out_row + lanes, h_low, mask=mask)
+            h = h_low.to(tl.float32)
+        rstd = _rstd(tl.sum(fold_products(tl.zeros((BLOCK_H,), tl.float32), h, h), 0), h_count, eps)
+        w = tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32) + weight_offset
+        y = (h * rstd) * w
+        tl.store(y_ptr + out_row + lanes, y.to(y_ptr.dtype.element_ty), mask=mask)  # downcast 2
+    else:  # two passes over the tiles; the second re-reads h (the stored residual_out if fused)
         acc = tl.zeros((BLOCK_H,), tl.float32)
         for tile in range(0, tl.cdiv(H, BLOCK_H)):
             offs = tile * BLOCK_H + lanes
@@ -109,7 +93,7 @@ def _fwd_kernel(
             w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
             y = (h * rstd) * w
             tl.store(y_ptr + out_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(rstd_ptr + row, rstd)
+    tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit(do_not_specialize=["N", "h_count", "weight_offset"])
@@ -215,9 +199,9 @@ def hidden_tile(cfg: configs.LaunchConfig, H: int) -> int:
     return min(max(triton.next_power_of_2(H), 16), cfg.block_v)
 
 
-def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None):
+def launch_forward(x, weight, residual, eps, weight_offset, cfg=None):
     """x, residual: [N, H] with unit stride along H. Returns (y, residual_out or [0], rstd fp32 [N]).
-    cfg / rows_per_program override the locked table (benchmark sweeps only)."""
+    cfg overrides the locked table (benchmark sweeps only)."""
     N, H = x.shape
     y = torch.empty((N, H), dtype=x.dtype, device=x.device)
     res_out = torch.empty((N, H) if residual is not None else (0,), dtype=x.dtype, device=x.device)
@@ -226,14 +210,12 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
         return y, res_out, rstd
     cfg = cfg or _cfg("rmsnorm_fwd", x, H)
     block = hidden_tile(cfg, H)
-    one_tile = block >= H
-    rows = (rows_per_program or _cfg("rmsnorm_fwd_rows", x, H).block_v) if one_tile else 1
     has_res = residual is not None
-    _fwd_kernel[(triton.cdiv(N, rows),)](
+    _fwd_kernel[(N,)](
         x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
         y, res_out if has_res else y, rstd,
-        N, H, float(H), float(eps), float(weight_offset),
-        HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=one_tile, ROWS=rows,
+        H, float(H), float(eps), float(weight_offset),
+        HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y, res_out, rstd
