@@ -37,6 +37,10 @@ class MatmulConfig:
     num_warps: int
     num_stages: int
     chunk_v: int = 0  # linear_logp backward: the vocab chunk of d hidden's accumulation; 0 = unused
+    # linear_logp's fused kernels: persistent programs (one per SM, tiles in grid order) reading the
+    # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
+    # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
+    persistent_tma: bool = False
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -131,8 +135,11 @@ def _matmul_rows():
     for arch in ("sm90", "cuda"):
         for dt in ("bfloat16", "float16"):
             t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3)
-            t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3)
-            t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096)
+            # TMA descriptors exist from sm90 (Hopper) on: the generic CUDA rows keep the pointer path.
+            tma = arch == "sm90"
+            t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
+            t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
+                                                                       persistent_tma=tma)
         t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)

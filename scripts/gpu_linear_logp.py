@@ -178,6 +178,16 @@ def benchmark(h, w, t, gr):
     record("rlk_triton linear_logp fwd+bwd", ours_fb, 4 * fwd_flops)
     record("rlk_triton linear_logp fwd+bwd (+entropy)", lambda: ours_fb(True), 4 * fwd_flops)
     record("rlk_triton linear_logp fwd (validate=True)", lambda: linear_logp(h, w, t), fwd_flops)
+    # the same op on the pointer kernels (persistent_tma off): the descriptor path's gain, same run
+    import dataclasses
+    saved = {}
+    for kernel in ("linear_logp_fwd", "linear_logp_dlogits"):
+        key = (kernel, "sm90", "bfloat16", "any")
+        saved[key] = configs.LOCKED_CONFIGS[key]
+        configs.LOCKED_CONFIGS[key] = dataclasses.replace(saved[key], persistent_tma=False)
+    record("rlk_triton linear_logp fwd (pointer kernels)", ours_fwd, fwd_flops)
+    record("rlk_triton linear_logp fwd+bwd (pointer kernels)", ours_fb, 4 * fwd_flops)
+    configs.LOCKED_CONFIGS.update(saved)
 
     def torch_fwd():
         return torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)

@@ -76,6 +76,35 @@ def test_d_weight_and_d_bias_bitwise_on_repeat(device, dtype):
         assert torch.equal(x, y)
 
 
+def _with_descriptor_path(monkeypatch, device, dtype, flag):
+    """Set persistent_tma on the locked linear_logp rows this device uses."""
+    import dataclasses
+
+    arch = arch_of(torch.device(device))
+    dt = str(dtype).removeprefix("torch.")
+    for kernel in ("linear_logp_fwd", "linear_logp_dlogits"):
+        key = (kernel, configs.table_arch(arch, kernel), dt, "any")
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
+                            dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch):
+    """The persistent TMA-descriptor kernels change loading and scheduling only: every output and
+    gradient must be bitwise the pointer kernels' (tails in rows, vocab and K included)."""
+    n, h, v = (37, 48, 300) if device == "cpu" else (300, 520, 9000)
+    hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=5), device)
+    g, ge = torch.randn(n, device=device), torch.randn(n, device=device)
+    runs = []
+    for flag in (False, True):
+        _with_descriptor_path(monkeypatch, device, dtype, flag)
+        runs.append(_fwd_bwd(hidden, weight, bias, targets, g, ge))
+    (lp0, e0, g0), (lp1, e1, g1) = runs
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    for x, y in zip(g0, g1):
+        assert torch.equal(x, y)
+
+
 def test_logp_does_not_depend_on_asking_for_entropy(device):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True), device)
     lp = linear_logp(hidden, weight, targets, bias=bias, temperature=0.8)

@@ -27,19 +27,23 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import dot_tile, grouped_tile, matmul_into, operand_flags
+from .matmul import dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags
 from .reduction import merge_softmax_states, online_softmax_rows
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
 
 @triton.jit
-def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
-                 HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """z = (hidden[rm] @ W[cols]^T + bias[cols]) * (1 / T) in fp32; rows / cols out of range wrap."""
-    acc = dot_tile(x_ptr, stride_xn, 1, w_ptr, 1, stride_wv, rm % N, cols % V_local, H,
-                   BLOCK_K, EVEN_K, UPCAST, IEEE)
+def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, m0, n0, rm, cols, N, V_local, H, inv_t,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, DESC: tl.constexpr):
+    """z = (hidden[rm] @ W[cols]^T + bias[cols]) * (1 / T) in fp32, the K order of dot_tile (DESC:
+    through TMA descriptors, the same bits). Rows / cols out of range hold garbage: callers mask."""
+    if DESC:
+        acc = dot_tile_desc(x_desc, w_desc, m0, n0, H, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, IEEE)
+    else:
+        acc = dot_tile(x_ptr, stride_xn, 1, w_ptr, 1, stride_wv, rm % N, cols % V_local, H,
+                       BLOCK_K, EVEN_K, UPCAST, IEEE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols % V_local).to(tl.float32)[None, :]
     return acc * inv_t
@@ -47,35 +51,39 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_lo
 
 @triton.jit(do_not_specialize=["inv_t"])
 def _tile_stats_kernel(
-    x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, target_local_ptr, stats_ptr,
-    N, H, V_local, n_tiles, inv_t,
+    x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
+    N, H, V_local, n_tiles, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
-    # One program per (row block, vocab tile), in matmul's grouped order: the logits GEMM's L2
-    # reuse, with the softmax state of the tile as its epilogue.
-    pid_m, tile = grouped_tile(tl.program_id(0), N, V_local, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rm < N
-    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
-                     HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
-    z = tl.where((cols < V_local)[None, :], z, float("-inf"))
-    m, s, t = online_softmax_rows(z, tl.full((BLOCK_M,), float("-inf"), tl.float32),
-                                  tl.zeros((BLOCK_M,), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
-                                  WITH_ENTROPY)
-    target = tl.load(target_local_ptr + rm, mask=row_ok, other=-1)
-    is_target = cols[None, :] == target[:, None]
-    tz = tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
-    hit = tl.sum(is_target.to(tl.float32), 1)
-    out = stats_ptr + tile.to(tl.int64) * N + rm
-    plane = n_tiles.to(tl.int64) * N
-    tl.store(out, m, mask=row_ok)
-    tl.store(out + plane, s, mask=row_ok)
-    tl.store(out + 2 * plane, t, mask=row_ok)
-    tl.store(out + 3 * plane, tz, mask=row_ok)
-    tl.store(out + 4 * plane, hit, mask=row_ok)
+    # (row block, vocab tile) work items in matmul's grouped order: the logits GEMM's L2 reuse, with
+    # the softmax state of the tile as its epilogue. Pointer path: one program per item. DESC: n_progs
+    # persistent programs stride over the items (flattened, so the next item's loads overlap this
+    # epilogue). Either way an item's arithmetic is the same.
+    for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * n_tiles, n_progs, flatten=DESC):
+        pid_m, tile = grouped_tile(item, N, V_local, BLOCK_M, BLOCK_N, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rm < N
+        cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, pid_m * BLOCK_M,
+                         tile * BLOCK_N, rm, cols, N, V_local, H, inv_t,
+                         HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE, DESC)
+        z = tl.where((cols < V_local)[None, :], z, float("-inf"))
+        m, s, t = online_softmax_rows(z, tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                                      tl.zeros((BLOCK_M,), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
+                                      WITH_ENTROPY)
+        target = tl.load(target_local_ptr + rm, mask=row_ok, other=-1)
+        is_target = cols[None, :] == target[:, None]
+        tz = tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
+        hit = tl.sum(is_target.to(tl.float32), 1)
+        out = stats_ptr + tile.to(tl.int64) * N + rm
+        plane = n_tiles.to(tl.int64) * N
+        tl.store(out, m, mask=row_ok)
+        tl.store(out + plane, s, mask=row_ok)
+        tl.store(out + 2 * plane, t, mask=row_ok)
+        tl.store(out + 3 * plane, tz, mask=row_ok)
+        tl.store(out + 4 * plane, hit, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["ignore_index"])
@@ -111,37 +119,41 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
 
 @triton.jit(do_not_specialize=["inv_t", "c0"])
 def _dlogits_kernel(
-    x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, target_local_ptr,
+    x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr,
     row_max_ptr, row_logsum_ptr, entropy_ptr, grad_logp_ptr, grad_entropy_ptr,
     d_ptr, stride_dn, dbias_part_ptr, stride_pb,
-    N, H, V_local, c0, chunk_width, inv_t,
+    N, H, V_local, c0, chunk_width, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
-    cols = c0 + local
-    row_ok = rm < N
-    col_ok = local < chunk_width
-    z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, bias_ptr, rm, cols, N, V_local, H, inv_t,
-                     HAS_BIAS, BLOCK_K, EVEN_K, UPCAST, IEEE)
-    r = rm % N
-    log_p = (z - tl.load(row_max_ptr + r)[:, None]) - tl.load(row_logsum_ptr + r)[:, None]
-    p = tl.exp2(log_p * 1.4426950408889634)
-    g = tl.load(grad_logp_ptr + r)[:, None]  # zero on ignored rows (the launcher's job)
-    target = tl.load(target_local_ptr + r)
-    dz = tl.where(cols[None, :] == target[:, None], g, 0.0) - g * p
-    if WITH_ENTROPY_GRAD:
-        ge = tl.load(grad_entropy_ptr + r)[:, None]
-        ent = tl.load(entropy_ptr + r)[:, None]
-        dz -= ge * tl.where(p > 0.0, p * (log_p + ent), 0.0)
-    dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
-    tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
-             dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-    if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
-        tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
+    # Work items and programs as in _tile_stats_kernel, over this chunk's columns.
+    for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * tl.cdiv(chunk_width, BLOCK_N), n_progs,
+                         flatten=DESC):
+        pid_m, pid_n = grouped_tile(item, N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
+        cols = c0 + local
+        row_ok = rm < N
+        col_ok = local < chunk_width
+        z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, pid_m * BLOCK_M,
+                         c0 + pid_n * BLOCK_N, rm, cols, N, V_local, H, inv_t,
+                         HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE, DESC)
+        r = rm % N
+        log_p = (z - tl.load(row_max_ptr + r)[:, None]) - tl.load(row_logsum_ptr + r)[:, None]
+        p = tl.exp2(log_p * 1.4426950408889634)
+        g = tl.load(grad_logp_ptr + r)[:, None]  # zero on ignored rows (the launcher's job)
+        target = tl.load(target_local_ptr + r)
+        dz = tl.where(cols[None, :] == target[:, None], g, 0.0) - g * p
+        if WITH_ENTROPY_GRAD:
+            ge = tl.load(grad_entropy_ptr + r)[:, None]
+            ent = tl.load(entropy_ptr + r)[:, None]
+            dz -= ge * tl.where(p > 0.0, p * (log_p + ent), 0.0)
+        dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
+        tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
+                 dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
+            tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
 
 
 @triton.jit
@@ -164,6 +176,33 @@ def chunk_count(V_local: int, chunk_v: int) -> int:
     return triton.cdiv(V_local, chunk_v)
 
 
+_SM_COUNT: dict = {}
+
+
+def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Tensor, n_items: int):
+    """(x_desc, w_desc, n_progs, DESC) for the fused kernels. The descriptor path needs a config that
+    asks for it and TMA-compatible operands (2-byte dtype, unit last stride, 16-byte aligned rows and
+    bases); otherwise the pointer path, which gives the same bits, one program per work item."""
+    use = (cfg.persistent_tma and hidden.dtype in (torch.bfloat16, torch.float16)
+           and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+                   for t in (hidden, weight)))
+    if not use:
+        return hidden, weight, n_items, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    dev = hidden.device
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index not in _SM_COUNT:
+            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        n_progs = min(n_items, _SM_COUNT[index])
+    else:  # the interpreter: a few programs, so tests cover the striding
+        n_progs = min(n_items, 3)
+    x_desc = TensorDescriptor.from_tensor(hidden, [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    return x_desc, w_desc, n_progs, True
+
+
 def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
     """The softmax states of this vocab shard's block_n tiles, in vocab order: fp32 [5, tiles, N]."""
     N, H = hidden.shape
@@ -174,12 +213,13 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
     if N == 0 or n_tiles == 0:
         return stats
     upcast, ieee = operand_flags(hidden.dtype)
-    _tile_stats_kernel[(triton.cdiv(N, cfg.block_m) * n_tiles,)](
-        hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
-        target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature,
+    x_desc, w_desc, n_progs, desc = _operands(cfg, hidden, weight, triton.cdiv(N, cfg.block_m) * n_tiles)
+    _tile_stats_kernel[(n_progs,)](
+        hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
+        target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
         HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
         EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return stats
 
@@ -235,15 +275,16 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
         c0 = c * C
         width = min(C, V_local - c0)
-        _dlogits_kernel[(n_row_blocks * triton.cdiv(width, cfg.block_n),)](
-            hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else weight,
+        x_desc, w_desc, n_progs, desc = _operands(cfg, hidden, weight, n_row_blocks * triton.cdiv(width, cfg.block_n))
+        _dlogits_kernel[(n_progs,)](
+            hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
             target_local, row_max, row_logsum, entropy if with_h else row_max,
             grad_logp, grad_entropy if with_h else grad_logp,
             d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
-            N, H, V_local, c0, width, 1.0 / temperature,
+            N, H, V_local, c0, width, 1.0 / temperature, n_progs,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)

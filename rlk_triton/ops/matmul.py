@@ -57,6 +57,27 @@ def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K
 
 
 @triton.jit
+def dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]), b_desc
+    over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]); the same ascending K steps and tl.dot, so the same
+    bits as dot_tile on every in-range element. Out-of-range rows, columns and the K tail load as
+    zeros (dot_tile wraps rows / columns instead: those outputs are masked by every caller)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([m0, k * BLOCK_K])
+        b = b_desc.load([n0, k * BLOCK_K]).T
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of program pid, in groups of GROUP_M row tiles (L2 reuse of the B tiles)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
