@@ -49,7 +49,9 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, m
     return acc * inv_t
 
 
-@triton.jit(do_not_specialize=["inv_t"])
+# n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
+# constant, which has no .to() (one vocab tile, V_local <= block_n).
+@triton.jit(do_not_specialize=["inv_t", "n_tiles"])
 def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
     N, H, V_local, n_tiles, inv_t, n_progs,
@@ -86,7 +88,7 @@ def _tile_stats_kernel(
         tl.store(out + 4 * plane, hit, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["ignore_index"])
+@triton.jit(do_not_specialize=["ignore_index", "n_chunks"])
 def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
                   N, n_chunks, ignore_index, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
