@@ -140,15 +140,20 @@ def _matmul_rows():
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
                                                                        persistent_tma=tma)
+            # d hidden += d_logits @ W_chunk: matmul's tiles (d weight stays on the pointer kernel:
+            # 713 TFLOP/s there against 688 through descriptors, h200-round2 probe)
+            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
         t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
+        t[("linear_logp_dhidden", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
     # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
     # still give tests several chunks and several K steps.
     for dt in _DTYPES:
         t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+        t[("linear_logp_dhidden", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
     # Attention (rlk_triton/ops/attention.py): block_m = query rows per tile, block_n = the KV block
     # of the online softmax (the reduction order), block_k = 0 (the head dim is the whole K), group_m
     # unused. Bucket: the head dim ("d<=128", "d256": a property of the model, never of the batch).

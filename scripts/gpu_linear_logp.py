@@ -181,7 +181,7 @@ def benchmark(h, w, t, gr):
     # the same op on the pointer kernels (persistent_tma off): the descriptor path's gain, same run
     import dataclasses
     saved = {}
-    for kernel in ("linear_logp_fwd", "linear_logp_dlogits"):
+    for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
         key = (kernel, "sm90", "bfloat16", "any")
         saved[key] = configs.LOCKED_CONFIGS[key]
         configs.LOCKED_CONFIGS[key] = dataclasses.replace(saved[key], persistent_tma=False)

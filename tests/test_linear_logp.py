@@ -82,7 +82,7 @@ def _with_descriptor_path(monkeypatch, device, dtype, flag):
 
     arch = arch_of(torch.device(device))
     dt = str(dtype).removeprefix("torch.")
-    for kernel in ("linear_logp_fwd", "linear_logp_dlogits"):
+    for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
         key = (kernel, configs.table_arch(arch, kernel), dt, "any")
         monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
                             dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))

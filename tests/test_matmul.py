@@ -64,3 +64,29 @@ def test_typed_errors(device):
         matmul(a, b, bias[:-1])
     with pytest.raises(DTypeError, match="a"):
         matmul(a.double(), b)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
+    """matmul_into's persistent TMA-descriptor kernel changes loading and scheduling only: with
+    C_in accumulation, a bias, and tails in M, N and K, every output bit equals the pointer kernel's."""
+    import dataclasses
+
+    from rlk_triton import configs
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.ops.matmul import matmul_into, tma_ready
+
+    gen = torch.Generator().manual_seed(7)
+    M, K, N = (45, 72, 136) if device == "cpu" else (1000, 4104, 4160)
+    a = torch.randn(M, K, generator=gen).to(device, dtype)
+    b = torch.randn(K, N, generator=gen).to(device, dtype)
+    c_in = torch.randn(M, N, generator=gen).to(device)
+    bias = torch.randn(N, generator=gen).to(device, dtype)
+    assert tma_ready(a, b)
+    base = configs.lookup_matmul("matmul", arch_of(torch.device(device)), dtype)
+    outs = []
+    for flag in (False, True):
+        cfg = dataclasses.replace(base, persistent_tma=flag)
+        outs.append((matmul_into(a, b, torch.empty(M, N, device=device), c_in=c_in, cfg=cfg, bias=bias),
+                     matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

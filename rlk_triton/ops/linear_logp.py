@@ -27,7 +27,8 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags
+from .matmul import (dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags, persistent_programs,
+                     tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
@@ -40,7 +41,7 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, m
     """z = (hidden[rm] @ W[cols]^T + bias[cols]) * (1 / T) in fp32, the K order of dot_tile (DESC:
     through TMA descriptors, the same bits). Rows / cols out of range hold garbage: callers mask."""
     if DESC:
-        acc = dot_tile_desc(x_desc, w_desc, m0, n0, H, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, IEEE)
+        acc = dot_tile_desc(x_desc, w_desc, m0, n0, H, BLOCK_M, BLOCK_N, BLOCK_K, True, UPCAST, IEEE)
     else:
         acc = dot_tile(x_ptr, stride_xn, 1, w_ptr, 1, stride_wv, rm % N, cols % V_local, H,
                        BLOCK_K, EVEN_K, UPCAST, IEEE)
@@ -178,28 +179,15 @@ def chunk_count(V_local: int, chunk_v: int) -> int:
     return triton.cdiv(V_local, chunk_v)
 
 
-_SM_COUNT: dict = {}
-
-
 def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Tensor, n_items: int):
     """(x_desc, w_desc, n_progs, DESC) for the fused kernels. The descriptor path needs a config that
-    asks for it and TMA-compatible operands (2-byte dtype, unit last stride, 16-byte aligned rows and
-    bases); otherwise the pointer path, which gives the same bits, one program per work item."""
-    use = (cfg.persistent_tma and hidden.dtype in (torch.bfloat16, torch.float16)
-           and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-                   for t in (hidden, weight)))
-    if not use:
+    asks for it and TMA-compatible operands (matmul.tma_ready); otherwise the pointer path, which
+    gives the same bits, one program per work item."""
+    if not (cfg.persistent_tma and tma_ready(hidden, weight)):
         return hidden, weight, n_items, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    dev = hidden.device
-    if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        if index not in _SM_COUNT:
-            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        n_progs = min(n_items, _SM_COUNT[index])
-    else:  # the interpreter: a few programs, so tests cover the striding
-        n_progs = min(n_items, 3)
+    n_progs = persistent_programs(hidden.device, n_items)
     x_desc = TensorDescriptor.from_tensor(hidden, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     return x_desc, w_desc, n_progs, True
@@ -273,6 +261,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     with_h = grad_entropy is not None
     upcast, ieee = operand_flags(dt)
     mm_cfg = configs.lookup_matmul("matmul", arch_of(dev), dt)
+    dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch_of(dev), dt)
     acc = acc_in
     for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
         c0 = c * C
@@ -297,7 +286,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             out = torch.empty((N, H), dtype=torch.float32, device=dev)
         else:
             out = acc  # in place: each tile is read and written by one program
-        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=mm_cfg)
+        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg)
         acc = out
         if bias is not None:
             _dbias_kernel[(triton.cdiv(width, 1024),)](

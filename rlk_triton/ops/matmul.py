@@ -58,15 +58,19 @@ def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K
 
 @triton.jit
 def dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]), b_desc
-    over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]); the same ascending K steps and tl.dot, so the same
-    bits as dot_tile on every in-range element. Out-of-range rows, columns and the K tail load as
-    zeros (dot_tile wraps rows / columns instead: those outputs are masked by every caller)."""
+                  B_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]); b_desc over
+    B [K, N] (blocks [BLOCK_K, BLOCK_N]) or, with B_T, over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]).
+    The same ascending K steps and tl.dot as dot_tile, so the same bits on every in-range element.
+    Out-of-range rows, columns and the K tail load as zeros (dot_tile wraps rows / columns instead:
+    those outputs are masked by every caller; a zero K tail is what dot_tile's mask loads too)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([m0, k * BLOCK_K])
-        b = b_desc.load([n0, k * BLOCK_K]).T
+        if B_T:
+            b = b_desc.load([n0, k * BLOCK_K]).T
+        else:
+            b = b_desc.load([k * BLOCK_K, n0])
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -114,6 +118,62 @@ def _matmul_kernel(
     tl.store(out_ptr + om64 * stride_om + on64 * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_tile(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_matmul_kernel's epilogue for a [BLOCK_M, BLOCK_N] piece at (m0, n0): out = C_in + acc (+ bias)."""
+    om = m0 + tl.arange(0, BLOCK_M)
+    on = n0 + tl.arange(0, BLOCK_N)
+    mask = (om < M)[:, None] & (on < N)[None, :]
+    om64 = om.to(tl.int64)[:, None]
+    if ACCUMULATE:
+        acc = tl.load(c_in_ptr + om64 * stride_cm + on[None, :], mask=mask, other=0.0) + acc
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
+    tl.store(out_ptr + om64 * stride_om + on[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matmul_desc_kernel(
+    a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
+    ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
+    # the next tile's loads overlap this tile's epilogue). The epilogue goes in two column halves,
+    # which halves the shared memory its layout change needs; elementwise, so the same bits.
+    for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=True):
+        pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, False, UPCAST, IEEE)
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
+        _store_tile(right, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + BLOCK_N // 2, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
+
+
+_SM_COUNT: dict = {}
+
+
+def persistent_programs(device: torch.device, n_items: int) -> int:
+    """Programs of a persistent launch: one per SM (the interpreter: 3, so tests cover the striding).
+    Only when a tile runs depends on it, never what it computes."""
+    if device.type != "cuda":
+        return max(1, min(n_items, 3))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(n_items, _SM_COUNT[index]))
+
+
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases."""
+    return all(t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
+               and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
     """(UPCAST, IEEE) for tl.dot on operands of dtype."""
     return (_UPCAST_BF16_DOT and dtype == torch.bfloat16), dtype == torch.float32
@@ -124,7 +184,8 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     """out = a @ b (+ c_in) (+ bias), written into `out` (any strides; may be c_in itself).
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
-    bias [N] contiguous.
+    bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
+    allow it (tma_ready, unit-stride out / c_in), else the pointer kernel: the same bits either way.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -137,6 +198,20 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype)
     upcast, ieee = operand_flags(a.dtype)
     c = c_in if c_in is not None else out
+    if cfg.persistent_tma and tma_ready(a, b) and out.stride(1) == 1 and c.stride(1) == 1:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        n_items = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        n_progs = persistent_programs(a.device, n_items)
+        _matmul_desc_kernel[(n_progs,)](
+            TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
+            c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
+            ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     _matmul_kernel[grid](
         a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
