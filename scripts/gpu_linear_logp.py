@@ -145,7 +145,7 @@ def record(name, fn, flops=None, error_fn=None):
     return row
 
 
-def benchmark(h, w, t, gr):
+def benchmark(h, w, t, gr, competitors=True):
     from rlk_triton.logp import linear_logp
 
     hl = h.detach().requires_grad_()
@@ -199,6 +199,8 @@ def benchmark(h, w, t, gr):
 
     record("torch eager fwd", torch_fwd, fwd_flops, lambda: err(torch_fwd()))
     record("torch eager fwd+bwd", torch_fb, 3 * fwd_flops)
+    if not competitors:
+        return
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -259,6 +261,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--quick", action="store_true", help="ours and torch eager only (no Liger / CCE / matmul)")
     args = ap.parse_args()
     report.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), commit=args.commit,
@@ -269,10 +272,11 @@ def main():
         if args.sweep:
             sweep(h, w, t, gr)
         report["configs_used"] = {k: configs.lookup_matmul(k, "sm90", DT).__dict__
-                                  for k in ("linear_logp_fwd", "linear_logp_dlogits", "matmul")}
-        benchmark(h, w, t, gr)
+                                  for k in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden", "matmul")}
+        benchmark(h, w, t, gr, competitors=not args.quick)
         torch.cuda.empty_cache()
-        matmul_bench()
+        if not args.quick:
+            matmul_bench()
     except Exception:  # noqa: BLE001
         report["errors"].append(traceback.format_exc())
         log(traceback.format_exc())
