@@ -11,10 +11,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 T0=$(date +%s)
-timeout 110 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
-  -k "within_contract or descriptor or repeat or batch_invariance_of" > $OUT/tests.log 2>&1
+timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
+  -k "within_contract or descriptor" > $OUT/tests.log 2>&1
 echo "tests: $(grep -E 'passed|failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -10
 echo "tests done at $(( $(date +%s) - T0 )) s"
-timeout 110 python3 scripts/gpu_linear_logp.py --quick --commit "$C" --out $OUT/linear_bench.json > $OUT/linear_bench.log 2>&1
+timeout 90 python3 scripts/gpu_linear_logp.py --quick --commit "$C" --out $OUT/linear_bench.json > $OUT/linear_bench.log 2>&1
 grep -E "rlk_triton|eager|error" $OUT/linear_bench.log | cut -c1-200
 echo "total $(( $(date +%s) - T0 )) s"
