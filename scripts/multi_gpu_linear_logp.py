@@ -7,7 +7,11 @@ It runs TP=1 on GPU 0, then TP=k for every k in --world-sizes that fits the GPUs
     be torch.equal to TP=1, and each rank's d weight rows torch.equal to TP=1's rows;
   - unaligned shards (a smaller shape, starts off the chunk grid): every output and gradient judged
     against float64 by contracts/linear_logp.yaml;
-  - fwd+bwd time (median of device events) and peak extra memory, per rank, next to TP=1's.
+  - fwd+bwd time (median of device events) and peak extra memory, per rank, next to TP=1's;
+  - attention context parallelism across the same ranks: each rank owns a block_n-aligned range of
+    KV positions; chained (rank r continues rank r-1's online-softmax state, sent point to point) the
+    last rank's out / LSE must be torch.equal to unsplit attention; independent partials gathered and
+    merged in rank order (merge_attention_partials) must be within contracts/attention.yaml.
 Without GPUs (--smoke, gloo, the Triton interpreter, tiny shapes) the same code runs on CPU processes:
 that is how the script itself is tested (tests/test_multi_gpu_script.py).
 """
@@ -28,8 +32,10 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
 
 import torch  # noqa: E402
 
-SMOKE = {"N": 13, "H": 40, "V": 3 * 128 + 29, "small": (11, 32, 2 * 128 + 7), "dtype": "float32"}
-FULL = {"N": 8192, "H": 4096, "V": 151936, "small": (64, 1024, 32000), "dtype": "bfloat16"}
+SMOKE = {"N": 13, "H": 40, "V": 3 * 128 + 29, "small": (11, 32, 2 * 128 + 7), "dtype": "float32",
+         "attention": {"lens": [45, 20, 3], "heads": (4, 2), "D": 16, "judged_lens": [45, 20]}}
+FULL = {"N": 8192, "H": 4096, "V": 151936, "small": (64, 1024, 32000), "dtype": "bfloat16",
+        "attention": {"lens": [4096, 3000, 1093], "heads": (32, 8), "D": 128, "judged_lens": [700, 300]}}
 
 
 def _setup(smoke):
@@ -86,6 +92,72 @@ def aligned_bounds(V, k, chunk):
     return starts + [V]
 
 
+def _attention_inputs(lens, heads, D, dtype, device, seed=11):
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(lens)
+    q, kk, v = (torch.randn(n, h, D, generator=gen).to(device, dtype) for h in (heads[0], heads[1], heads[1]))
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
+    return q, kk, v, cu
+
+
+def _attention_cp(rank, k, dist, device, dtype, acfg):
+    """This rank's part of the context-parallel checks; rank k-1 reports the chained result, rank 0
+    the merged one."""
+    from rlk_triton import configs
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.attention import attention, attention_partial, merge_attention_partials
+
+    D = acfg["D"]
+    bn = configs.lookup_attention("attention_fwd", arch_of(device), dtype, D).block_n
+    res = {}
+    # chained states: bitwise
+    q, kk, v, cu = _attention_inputs(acfg["lens"], acfg["heads"], D, dtype, device)
+    b = aligned_bounds(max(acfg["lens"]), k, bn)
+    lo, hi = b[rank], (b[rank + 1] if rank < k - 1 else None)
+    state = None
+    if rank > 0:
+        n, hq = q.shape[0], q.shape[1]
+        state = (torch.empty(hq, n, device=device), torch.empty(hq, n, device=device),
+                 torch.empty(n, hq, D, device=device))
+        for t in state:
+            dist.recv(t, src=rank - 1)
+    out, lse, state = attention_partial(q, kk, v, cu, kv_start=lo, kv_end=hi, state=state)
+    if rank < k - 1:
+        for t in state:
+            dist.send(t.contiguous(), dst=rank + 1)
+    else:
+        ref_out, ref_lse = attention(q, kk, v, cu)
+        res["chained_kv_ranges"] = b[:-1] + ["end"]
+        res["chained_bitwise"] = bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse))
+    # independent partials merged in rank order: within the contract
+    q, kk, v, cu = _attention_inputs(acfg["judged_lens"], acfg["heads"], D, dtype, device, seed=12)
+    b = aligned_bounds(max(acfg["judged_lens"]), k, bn)
+    lo, hi = b[rank], (b[rank + 1] if rank < k - 1 else None)
+    out, lse, _ = attention_partial(q, kk, v, cu, kv_start=lo, kv_end=hi)
+    outs = [torch.empty_like(out) for _ in range(k)]
+    lses = [torch.empty_like(lse) for _ in range(k)]
+    dist.all_gather(outs, out.contiguous())
+    dist.all_gather(lses, lse.contiguous())
+    if rank == 0:
+        import numpy as np
+
+        from rlk_triton.reference.attention import attention_reference
+        from rlk_triton.testing.attention_parity import _scales, judge_errors
+
+        m_out, m_lse = merge_attention_partials(outs, lses)
+        q64, k64, v64 = (x.double().cpu().numpy() for x in (q, kk, v))
+        cu64 = cu.cpu().numpy().astype(np.int64)
+        scale = 1.0 / D ** 0.5
+        ref_o, ref_l = attention_reference(q64, k64, v64, cu64, scale, True)
+        so, sl, *_ = _scales(q64, k64, v64, None, None, cu64, scale, True, ref_o, dtype)
+        ratios = judge_errors({"out": (m_out.double().cpu().numpy(), ref_o, so),
+                               "lse": (m_lse.double().cpu().numpy(), ref_l, sl)}, dtype, arch_of(device))
+        res["merged_kv_ranges"] = b[:-1] + ["end"]
+        res["merged_ratios"] = ratios
+        res["merged_within_contract"] = max(ratios.values()) <= 1.0
+    return res
+
+
 def _rank(rank, k, init, cfg, ref_dir, out_dir, smoke):
     _setup(smoke)
     import torch.distributed as dist
@@ -133,6 +205,7 @@ def _rank(rank, k, init, cfg, ref_dir, out_dir, smoke):
             ratios = judge_errors(compare_to_reference(full, sh, sw, sb, st, 0.9, sg.double().cpu(),
                                                        sge.double().cpu()), dtype, arch_of(device))
             result["unaligned"] = {"shards": ub, "ratios": ratios, "within_contract": max(ratios.values()) <= 1.0}
+        result["attention_cp"] = _attention_cp(rank, k, dist, device, dtype, cfg["attention"])
         Path(out_dir, f"k{k}_rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -175,11 +248,15 @@ def main(argv=None):
                 "ranks": ranks,
                 "bitwise_all": all(all(r["bitwise"].values()) for r in ranks),
                 "unaligned_within_contract": ranks[0]["unaligned"]["within_contract"],
+                "attention_cp_chained_bitwise": ranks[-1]["attention_cp"]["chained_bitwise"],
+                "attention_cp_merged_within_contract": ranks[0]["attention_cp"]["merged_within_contract"],
             }
     report["passed"] = bool(report["runs"]) and all(
-        r["bitwise_all"] and r["unaligned_within_contract"] for r in report["runs"].values())
+        r["bitwise_all"] and r["unaligned_within_contract"] and r["attention_cp_chained_bitwise"]
+        and r["attention_cp_merged_within_contract"] for r in report["runs"].values())
     Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: (v["bitwise_all"], v["unaligned_within_contract"]) for k, v in report["runs"].items()}),
+    print(json.dumps({k: (v["bitwise_all"], v["unaligned_within_contract"], v["attention_cp_chained_bitwise"],
+                          v["attention_cp_merged_within_contract"]) for k, v in report["runs"].items()}),
           "passed" if report["passed"] else "FAILED", file=sys.stderr)
     return 0 if report["passed"] else 1
 

@@ -24,6 +24,7 @@ def test_multi_gpu_script_smoke(tmp_path, script):
     report = json.loads(out.read_text())
     run = report["runs"]["2"]
     assert run["bitwise_all"] and run["unaligned_within_contract"]
+    assert run["attention_cp_chained_bitwise"] and run["attention_cp_merged_within_contract"]
     assert [r["shard"][0] % r["chunk_v"] for r in run["ranks"]] == [0, 0]
 
 
