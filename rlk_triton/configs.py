@@ -87,6 +87,11 @@ def _rows():
     for kernel, (cb, cw, ib, iw) in rl.items():
         t[(kernel, "cuda", "float32", "any")] = LaunchConfig(cb, cw, 1)
         t[(kernel, "interpreter", "float32", "any")] = LaunchConfig(ib, iw, 1)
+    # policy_loss's row sums: block_v = 1 runs (row, tile) programs and an in-order fold (the same
+    # bits as one program per row, B x tiles programs instead of B). Off on CUDA until the gpu test
+    # tests/test_rl_losses.py::test_split_rows_path_gives_the_row_kernel_bits has passed there.
+    t[("rl_policy_loss_split", "cuda", "float32", "any")] = LaunchConfig(0, 1, 1)
+    t[("rl_policy_loss_split", "interpreter", "float32", "any")] = LaunchConfig(1, 1, 1)
     # RoPE and embedding (rlk_triton/ops/rope.py, embedding.py). block_v = (token, head) rows per
     # program for "rope" (bucket: head_dim), hidden columns per program for the embedding kernels
     # (bucket: hidden size). The math is elementwise or per-id, so the tile never changes a result;

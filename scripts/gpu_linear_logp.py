@@ -178,15 +178,17 @@ def benchmark(h, w, t, gr, competitors=True):
     record("rlk_triton linear_logp fwd+bwd", ours_fb, 4 * fwd_flops)
     record("rlk_triton linear_logp fwd+bwd (+entropy)", lambda: ours_fb(True), 4 * fwd_flops)
     record("rlk_triton linear_logp fwd (validate=True)", lambda: linear_logp(h, w, t), fwd_flops)
-    # the same op on the pointer kernels (persistent_tma off): the descriptor path's gain, same run
+    # the same op with every fused GEMM on the pointer kernels, then on the descriptor kernels
+    # (persistent_tma off / on for all three; the locked table may mix): each path's gain, same run
     import dataclasses
-    saved = {}
-    for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
-        key = (kernel, "sm90", "bfloat16", "any")
-        saved[key] = configs.LOCKED_CONFIGS[key]
-        configs.LOCKED_CONFIGS[key] = dataclasses.replace(saved[key], persistent_tma=False)
-    record("rlk_triton linear_logp fwd (pointer kernels)", ours_fwd, fwd_flops)
-    record("rlk_triton linear_logp fwd+bwd (pointer kernels)", ours_fb, 4 * fwd_flops)
+    keys = [(kernel, "sm90", "bfloat16", "any")
+            for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden")]
+    saved = {key: configs.LOCKED_CONFIGS[key] for key in keys}
+    for flag, label in ((False, "pointer kernels"), (True, "descriptor kernels")):
+        for key in keys:
+            configs.LOCKED_CONFIGS[key] = dataclasses.replace(saved[key], persistent_tma=flag)
+        record(f"rlk_triton linear_logp fwd ({label})", ours_fwd, fwd_flops)
+        record(f"rlk_triton linear_logp fwd+bwd ({label})", ours_fb, 4 * fwd_flops)
     configs.LOCKED_CONFIGS.update(saved)
 
     def torch_fwd():

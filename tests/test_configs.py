@@ -48,7 +48,8 @@ def test_per_token_rl_kernels_have_one_bucket_on_every_arch():
     kernels = {k for (k, _, _, b), c in configs.LOCKED_CONFIGS.items()
                if b == "any" and isinstance(c, configs.LaunchConfig)}
     assert {"gae", "group_stats", "rl_policy_loss_rows", "rl_ratio_kl_fwd"} <= kernels
-    for kernel in kernels:
+    assert {configs.lookup_fixed("rl_policy_loss_split", a).block_v for a in ("interpreter", "sm90")} <= {0, 1}
+    for kernel in kernels - {"rl_policy_loss_split"}:  # a switch (0 / 1), not a tile
         for arch in ("interpreter", "sm90", "sm80"):
             assert configs.lookup_fixed(kernel, arch).block_v > 0
     assert list(inspect.signature(configs.lookup_fixed).parameters) == ["kernel", "arch"]

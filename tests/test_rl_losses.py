@@ -499,3 +499,35 @@ def test_under_inductor_gpu():
     # Was an InductorError on the H200 with torch 2.11: inductor could not lower the bool -> uint8
     # view of the mask (reproduced on CPU with torch 2.11; losses._check_mask copies when compiling).
     _check_inductor("cuda")
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_split_rows_path_gives_the_row_kernel_bits(aggregation, device, monkeypatch):
+    """policy_loss's (row, tile) programs plus the in-order fold add the same tile sums in the same
+    order as one program per row: loss, per-token loss, diagnostics and d logp are the same bits."""
+    from rlk_triton import configs
+
+    arch = configs.table_arch(arch_of(torch.device(device)), "rl_policy_loss_split")
+    key = ("rl_policy_loss_split", arch, "float32", "any")
+    block_t = configs.lookup_fixed("rl_policy_loss_rows", arch_of(torch.device(device))).block_v
+    B, T = 5, 3 * block_t + 17  # several tiles and a partial one
+    gen = torch.Generator().manual_seed(9)
+    old = -3 * torch.rand(B, T, generator=gen)
+    logp = old + 0.1 * torch.randn(B, T, generator=gen)
+    ref, roll = (old + 0.05 * torch.randn(B, T, generator=gen) for _ in range(2))
+    adv = torch.randn(B, T, generator=gen)
+    mask = torch.rand(B, T, generator=gen) < 0.8
+    mask[3] = False  # an empty sequence
+    runs = []
+    for split in (0, 1):
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(split, 1, 1))
+        x = logp.to(device).requires_grad_()
+        loss, per_token, diag = policy_loss(x, old.to(device), adv.to(device), mask=mask.to(device),
+                                            aggregation=aggregation, normalizer=NORMALIZER
+                                            if aggregation == "seq-mean-token-sum-norm" else None,
+                                            dual_clip_c=3.0, ref_logp=ref.to(device), kl_coef=0.1,
+                                            rollout_logp=roll.to(device), tis_cap=2.0)
+        (loss + 0.5 * per_token.sum()).backward()
+        runs.append((loss.detach(), per_token.detach(), torch.stack(list(diag.values())), x.grad))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

@@ -7,6 +7,10 @@ policy_loss: three kernels, no atomics:
   1. _policy_loss_rows_kernel: one program per row streams the row's tiles in increasing order
      (0, 1, ..., cdiv(T, BLOCK_T) - 1). It writes the per-token loss and folds each tile, reduced by
      tl.sum's fixed tree over BLOCK_T lanes, into the row's partial sums (ROW_STATS columns).
+     With configs "rl_policy_loss_split" on, the same sums come from B x tiles programs instead:
+     _policy_loss_tiles_kernel writes each (row, tile)'s tl.sum results and _policy_loss_fold_kernel
+     adds a row's tiles in the same increasing order, so row_stats are bitwise the rows kernel's
+     (tested); it only adds parallelism.
   2. _policy_loss_batch_kernel: one program folds the rows' partial sums in the same way: tiles of
      BLOCK_B rows in increasing order, each reduced by tl.sum's tree. It writes the scalar loss, the
      diagnostics, and each row's weight d loss / d l_t (the same for every token of a row).
@@ -267,6 +271,74 @@ def _policy_loss_rows_kernel(
     tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0))
 
 
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+def _policy_loss_tiles_kernel(
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, tile_stats_ptr,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    # The rows kernel's loop body as one program per (row, tile): the same tile sums (the same
+    # tl.sum tree over BLOCK_T lanes), written per tile for _policy_loss_fold_kernel.
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    offs = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
+    p = row * T + offs
+    active, logp, old, adv, ref, ent, roll = _policy_tile(
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
+        ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
+    loss, _dl, _de, active, clipped, ratio = _policy_token(
+        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+    tl.store(per_token_ptr + p, loss, mask=inb)
+    u = old - logp
+    k3 = (tl.exp(u) - 1.0) - u
+    out = tile_stats_ptr + (row * tl.num_programs(1) + tile) * 8
+    tl.store(out + 0, tl.sum(loss, 0))
+    tl.store(out + 1, tl.sum(active.to(tl.int32), 0).to(tl.float32))  # counts < 2^24: exact
+    tl.store(out + 2, tl.sum(clipped.to(tl.int32), 0).to(tl.float32))
+    tl.store(out + 3, tl.sum(tl.where(active, k3, 0.0), 0))
+    tl.store(out + 4, tl.sum(tl.where(active, ratio, 0.0), 0))
+    tl.store(out + 5, tl.min(tl.where(active, ratio, float("inf")), 0))
+    tl.store(out + 6, tl.max(tl.where(active, ratio, float("-inf")), 0))
+
+
+@triton.jit(do_not_specialize=["B", "n_tiles"])
+def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B: tl.constexpr):
+    # Each row's tile sums folded in tile order 0, 1, ...: the rows kernel's additions, in its order,
+    # so row_stats are its bits.
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ok = rows < B
+    loss_sum = tl.zeros((BLOCK_B,), tl.float32)
+    kl_sum = tl.zeros((BLOCK_B,), tl.float32)
+    ratio_sum = tl.zeros((BLOCK_B,), tl.float32)
+    ratio_min = tl.full((BLOCK_B,), float("inf"), tl.float32)
+    ratio_max = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    n_active = tl.zeros((BLOCK_B,), tl.int32)
+    n_clipped = tl.zeros((BLOCK_B,), tl.int32)
+    base = tile_stats_ptr + rows.to(tl.int64) * n_tiles * 8
+    for tile in range(0, n_tiles):
+        st = base + tile * 8
+        loss_sum += tl.load(st + 0, mask=ok, other=0.0)
+        n_active += tl.load(st + 1, mask=ok, other=0.0).to(tl.int32)
+        n_clipped += tl.load(st + 2, mask=ok, other=0.0).to(tl.int32)
+        kl_sum += tl.load(st + 3, mask=ok, other=0.0)
+        ratio_sum += tl.load(st + 4, mask=ok, other=0.0)
+        ratio_min = tl.minimum(ratio_min, tl.load(st + 5, mask=ok, other=float("inf")))
+        ratio_max = tl.maximum(ratio_max, tl.load(st + 6, mask=ok, other=float("-inf")))
+    n = n_active.to(tl.float32)
+    out = row_stats_ptr + rows.to(tl.int64) * 8
+    tl.store(out + 0, loss_sum, mask=ok)
+    tl.store(out + 1, n, mask=ok)
+    tl.store(out + 2, n_clipped.to(tl.float32), mask=ok)
+    tl.store(out + 3, kl_sum, mask=ok)
+    tl.store(out + 4, ratio_sum, mask=ok)
+    tl.store(out + 5, ratio_min, mask=ok)
+    tl.store(out + 6, ratio_max, mask=ok)
+    tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0), mask=ok)
+
+
 @triton.jit(do_not_specialize=["B", "normalizer"])
 def _policy_loss_batch_kernel(
     row_stats_ptr, B, normalizer_ptr, normalizer, loss_ptr, diag_ptr, row_weight_ptr,
@@ -430,14 +502,28 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
     if B == 0:  # nothing to launch over: the documented empty result
         return loss.zero_(), per_token, diag.zero_(), row_weight
     cfg = config("rl_policy_loss_rows", dev)
-    _policy_loss_rows_kernel[(B,)](
-        logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
-        entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
-        per_token, row_stats, T,
-        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),
-        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode),
-        BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    inputs = (logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
+              entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp)
+    token = (*_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),)
+    flags = _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode)
+    n_tiles = triton.cdiv(T, cfg.block_v)
+    if config("rl_policy_loss_split", dev).block_v and n_tiles > 0:
+        # (row, tile) programs, then an in-order fold per row: the rows kernel's bits, B x tiles
+        # programs instead of B
+        tile_stats = torch.empty((B, n_tiles, N_ROW_STATS), dtype=torch.float32, device=dev)
+        _policy_loss_tiles_kernel[(B, n_tiles)](
+            *inputs, per_token, tile_stats, T, *token, **flags,
+            BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        fold = config("rl_policy_loss_batch", dev)
+        _policy_loss_fold_kernel[(triton.cdiv(B, fold.block_v),)](
+            tile_stats, row_stats, B, n_tiles, BLOCK_B=fold.block_v, num_warps=fold.num_warps,
+        )
+    else:
+        _policy_loss_rows_kernel[(B,)](
+            *inputs, per_token, row_stats, T, *token, **flags,
+            BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     cfg = config("rl_policy_loss_batch", dev)
     has_norm = normalizer_tensor is not None or normalizer is not None
     _policy_loss_batch_kernel[(1,)](
