@@ -10,6 +10,8 @@ independent of the other sequences of a pack (their number, lengths, order, padd
 from __future__ import annotations
 
 import math
+import sys
+import types
 from typing import Optional, Sequence
 
 import torch
@@ -267,3 +269,14 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             raise InputError("block_table", f"page ids must lie in [0, {k_cache.shape[0]})")
     return launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_q, max_seqlen_q,
                          _scale(scale, q.shape[-1]))
+
+
+class _CallableModule(types.ModuleType):
+    """`rlk_triton.attention(q, k, v, cu_seqlens, ...)` is attention(): the module is also the
+    function, so the package-level spelling and `from rlk_triton.attention import attention` agree."""
+
+    def __call__(self, *args, **kwargs):
+        return attention(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -349,3 +349,15 @@ def test_custom_op_fake_and_autograd_registration(device):
     cu = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
     torch.library.opcheck(attention_fwd, (q, k, v, cu, 6, 0.25, True),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_package_level_call_is_attention(device):
+    """The issue's spelling, rlk_triton.attention(q, k, v, ...), is the same function."""
+    import rlk_triton
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(30, h, 16, generator=gen).to(device) for h in (2, 1, 1))
+    cu = cu_of([30], device)
+    a = rlk_triton.attention(q, k, v, cu)
+    b = attention(q, k, v, cu)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
