@@ -106,7 +106,8 @@ def _rows():
                 t[(kernel, "interpreter", dt, _bucket_name(v_max))] = LaunchConfig(ib, 4, 1)
     # RMSNorm and SwiGLU (rlk_triton/ops/rmsnorm.py, swiglu.py); bucket: the hidden / intermediate
     # size. block_v is the widest tile over that dim (the tile is min(next_pow2(H), block_v), so a
-    # row up to 16384 wide is one tile on CUDA); one row per program. "rmsnorm_dw_rows": block_v =
+    # row up to 16384 wide is one tile on CUDA); one row per program unless "rmsnorm_fwd_rows"
+    # (block_v = rows per forward program, one-tile rows only) is > 1. "rmsnorm_dw_rows": block_v =
     # R, rows per dW partial (the fixed row partition of dW), its warps / stages unused;
     # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). RMSNorm backward rows
     # (R = 64, 128 lanes, 8 warps): the H200 sweep's best common choice for H = 4096 and 8192
@@ -118,6 +119,7 @@ def _rows():
             b = _bucket_name(v_max)
             t[("rmsnorm_fwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
             t[("rmsnorm_bwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
+            t[("rmsnorm_fwd_rows", "cuda", dt, b)] = LaunchConfig(1, 1, 1)
             t[("rmsnorm_dw_rows", "cuda", dt, b)] = LaunchConfig(64, 1, 1)
             t[("rmsnorm_dw_reduce", "cuda", dt, b)] = LaunchConfig(128, 4, 2)
             t[("swiglu_fwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 4, 1)
@@ -126,6 +128,7 @@ def _rows():
             b = _bucket_name(v_max)
             t[("rmsnorm_fwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
             t[("rmsnorm_bwd", "interpreter", dt, b)] = LaunchConfig(tile, 4, 1)
+            t[("rmsnorm_fwd_rows", "interpreter", dt, b)] = LaunchConfig(1, 1, 1)
             t[("rmsnorm_dw_rows", "interpreter", dt, b)] = LaunchConfig(4, 1, 1)
             t[("rmsnorm_dw_reduce", "interpreter", dt, b)] = LaunchConfig(2, 4, 1)
             t[("swiglu_fwd", "interpreter", dt, b)] = LaunchConfig(glu_tile, 4, 1)

@@ -143,7 +143,7 @@ def bench_swiglu(rows, copy, I=14336):
 
 def sweep_rmsnorm(rows, copy, budget_s=60.0):
     """Config alternatives, timed with the launchers (overrides): data for the locked table.
-    Forward: warps. Backward: rows per dW block R x reduce lanes B x warps."""
+    Forward: rows per program x warps. Backward: rows per dW block R x reduce lanes B x warps."""
     from rlk_triton.ops.rmsnorm import launch_backward, launch_forward
 
     t_end = time.time() + budget_s
@@ -154,14 +154,15 @@ def sweep_rmsnorm(rows, copy, budget_s=60.0):
         dy = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
         pass_bytes = N * H * 2
         base_f = configs.lookup("rmsnorm_fwd", "sm90", torch.bfloat16, H)
-        for warps in (4, 8, 16):
-            if time.time() > t_end:
-                return
-            cfg = configs.LaunchConfig(base_f.block_v, warps, 1)
-            _row(rows, f"sweep rmsnorm forward H={H} warps={warps}",
-                 lambda: {"config": [cfg.block_v, warps, 1],
-                          **_timed(lambda: launch_forward(x, w, None, 1e-6, 0.0, cfg=cfg), 2 * pass_bytes, copy,
-                                   pass_bytes)})
+        for rf in (1, 2, 4):  # rows per forward program (> 1: the [rows, H] tile kernel)
+            for warps in (4, 8, 16):
+                if time.time() > t_end:
+                    return
+                cfg = configs.LaunchConfig(base_f.block_v, warps, 1)
+                _row(rows, f"sweep rmsnorm forward H={H} rows={rf} warps={warps}",
+                     lambda: {"config": [cfg.block_v, warps, 1], "rows_per_program": rf,
+                              **_timed(lambda: launch_forward(x, w, None, 1e-6, 0.0, cfg=cfg, rows_per_program=rf),
+                                       2 * pass_bytes, copy, pass_bytes)})
         _, _, rstd = launch_forward(x, w, None, 1e-6, 0.0)
         base_b = configs.lookup("rmsnorm_bwd", "sm90", torch.bfloat16, H)
         for R in (16, 32, 64, 128):

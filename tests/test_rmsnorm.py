@@ -105,6 +105,25 @@ def test_rmsnorm_batch_invariant_gpu(H, dtype):
         assert_batch_invariant(rmsnorm_row_op(H, dtype, "cuda", residual), probe_rows=4, batch_sizes=(5, 64, 1000))
 
 
+@pytest.mark.parametrize("rows", (2, 4))
+@pytest.mark.parametrize("residual", (False, True))
+def test_multi_row_forward_within_contract_and_invariant(rows, residual, device, monkeypatch):
+    """The [rows, H] forward kernel (configs "rmsnorm_fwd_rows" > 1): within the contract, and a
+    row's bits do not depend on which slot of a program's tile it lands in (batch size, position,
+    neighbours, padding)."""
+    arch = arch_of(torch.device(device))
+    H = 300 if device == "cpu" else 4096
+    for dt in (torch.bfloat16, torch.float32):
+        key = ("rmsnorm_fwd_rows", configs.table_arch(arch, "rmsnorm_fwd_rows"), str(dt).removeprefix("torch."),
+               configs.v_bucket(H))
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(rows, 1, 1))
+        case = NormCase(7, H, dt, residual, 1.0 if residual else 0.0, 1.0, "contiguous", seed=rows)
+        ratios = judge_rmsnorm(case, device)
+        assert all(r <= 1.0 for r in ratios.values()), ratios
+        assert_batch_invariant(rmsnorm_row_op(H, dt, device, residual), probe_rows=2,
+                               batch_sizes=(3, 9) if device == "cpu" else (5, 1001))
+
+
 # ---- the downcast point of the fused residual ----
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

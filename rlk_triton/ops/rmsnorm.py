@@ -14,7 +14,8 @@ Semantics (fp32 inside, two documented downcast points; docs/rmsnorm.md):
 The normalization reads the downcast h, so the fused op equals rms_norm(residual_out) bitwise.
 
 Forward: one program per row (an H200 sweep found 2 or 4 rows per program, with the next row
-prefetched, slower). Backward: one program per block of R rows (configs
+prefetched, slower); configs "rmsnorm_fwd_rows" > 1 selects _fwd_rows_kernel, a [rows, H] tile per
+program (not yet measured on a GPU; off there). Backward: one program per block of R rows (configs
 "rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
 the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
 partials in a fixed order (reduction.py). No atomics: dx is batch-invariant per row, dW is
@@ -94,6 +95,35 @@ def _fwd_kernel(
             y = (h * rstd) * w
             tl.store(y_ptr + out_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit(do_not_specialize=["N", "h_count", "eps", "weight_offset"])
+def _fwd_rows_kernel(
+    x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
+    y_ptr, res_out_ptr, rstd_ptr,
+    N, H, h_count, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+):
+    # _fwd_kernel's one-tile math on a [ROWS, BLOCK_H] tile of consecutive rows (configs
+    # "rmsnorm_fwd_rows" > 1): the sum of squares of a row is the same lane fold, then a tl.sum tree
+    # along the row; each row of the tile gets the same tree, so rows stay batch-invariant (whether
+    # the tree equals the 1-row kernel's is the compiler's layout choice: not claimed).
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    lanes = tl.arange(0, BLOCK_H)
+    row_ok = rows < N
+    h_ok = lanes < H
+    mask = row_ok[:, None] & h_ok[None, :]
+    h = tl.load(x_ptr + rows[:, None] * x_row_stride + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rows[:, None] * res_row_stride + lanes[None, :], mask=mask, other=0.0)
+        h_low = (h + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # downcast 1
+        tl.store(res_out_ptr + rows[:, None] * H + lanes[None, :], h_low, mask=mask)
+        h = h_low.to(tl.float32)
+    rstd = _rstd(tl.sum(fold_products(tl.zeros((ROWS, BLOCK_H), tl.float32), h, h), 1), h_count, eps)
+    w = tl.load(w_ptr + lanes, mask=h_ok, other=0.0).to(tl.float32) + weight_offset
+    y = (h * rstd[:, None]) * w[None, :]
+    tl.store(y_ptr + rows[:, None] * H + lanes[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)  # downcast 2
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["N", "h_count", "weight_offset"])
@@ -199,9 +229,9 @@ def hidden_tile(cfg: configs.LaunchConfig, H: int) -> int:
     return min(max(triton.next_power_of_2(H), 16), cfg.block_v)
 
 
-def launch_forward(x, weight, residual, eps, weight_offset, cfg=None):
+def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None):
     """x, residual: [N, H] with unit stride along H. Returns (y, residual_out or [0], rstd fp32 [N]).
-    cfg overrides the locked table (benchmark sweeps only)."""
+    cfg / rows_per_program override the locked table (benchmark sweeps only)."""
     N, H = x.shape
     y = torch.empty((N, H), dtype=x.dtype, device=x.device)
     res_out = torch.empty((N, H) if residual is not None else (0,), dtype=x.dtype, device=x.device)
@@ -211,6 +241,16 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None):
     cfg = cfg or _cfg("rmsnorm_fwd", x, H)
     block = hidden_tile(cfg, H)
     has_res = residual is not None
+    rows = rows_per_program or _cfg("rmsnorm_fwd_rows", x, H).block_v
+    if rows > 1 and block >= H:
+        _fwd_rows_kernel[(triton.cdiv(N, rows),)](
+            x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
+            y, res_out if has_res else y, rstd,
+            N, H, float(H), float(eps), float(weight_offset),
+            HAS_RESIDUAL=has_res, BLOCK_H=block, ROWS=rows,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return y, res_out, rstd
     _fwd_kernel[(N,)](
         x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
         y, res_out if has_res else y, rstd,
