@@ -223,65 +223,15 @@ def _policy_tile(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_pt
     return active, logp, old, adv, ref, ent, roll
 
 
-@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
-def _policy_loss_rows_kernel(
-    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
-    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, BLOCK_T)
-    loss_sum = tl.zeros((), tl.float32)
-    kl_sum = tl.zeros((), tl.float32)
-    ratio_sum = tl.zeros((), tl.float32)
-    ratio_min = tl.full((), float("inf"), tl.float32)
-    ratio_max = tl.full((), float("-inf"), tl.float32)
-    n_active = tl.zeros((), tl.int32)
-    n_clipped = tl.zeros((), tl.int32)
-    for tile in range(0, tl.cdiv(T, BLOCK_T)):  # the fixed tile order of the row sums
-        offs = tile * BLOCK_T + lanes
-        inb = offs < T
-        p = row * T + offs
-        active, logp, old, adv, ref, ent, roll = _policy_tile(
-            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
-            ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
-        loss, _dl, _de, active, clipped, ratio = _policy_token(
-            logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-            CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
-        tl.store(per_token_ptr + p, loss, mask=inb)
-        u = old - logp  # approx_kl: k3 of old vs current
-        k3 = (tl.exp(u) - 1.0) - u
-        loss_sum += tl.sum(loss, 0)
-        kl_sum += tl.sum(tl.where(active, k3, 0.0), 0)
-        ratio_sum += tl.sum(tl.where(active, ratio, 0.0), 0)
-        ratio_min = tl.minimum(ratio_min, tl.min(tl.where(active, ratio, float("inf")), 0))
-        ratio_max = tl.maximum(ratio_max, tl.max(tl.where(active, ratio, float("-inf")), 0))
-        n_active += tl.sum(active.to(tl.int32), 0)
-        n_clipped += tl.sum(clipped.to(tl.int32), 0)
-    n = n_active.to(tl.float32)
-    out = row_stats_ptr + row * 8
-    tl.store(out + 0, loss_sum)
-    tl.store(out + 1, n)
-    tl.store(out + 2, n_clipped.to(tl.float32))
-    tl.store(out + 3, kl_sum)
-    tl.store(out + 4, ratio_sum)
-    tl.store(out + 5, ratio_min)
-    tl.store(out + 6, ratio_max)
-    tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0))
-
-
-@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
-def _policy_loss_tiles_kernel(
-    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, tile_stats_ptr,
-    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    # The rows kernel's loop body as one program per (row, tile): the same tile sums (the same
-    # tl.sum tree over BLOCK_T lanes), written per tile for _policy_loss_fold_kernel.
-    row = tl.program_id(0).to(tl.int64)
-    tile = tl.program_id(1)
+@triton.jit
+def _policy_tile_sums(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
+                      clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+                      ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+                      KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+    """One tile of a row: stores its per-token loss and returns the tile's reductions (each one
+    tl.sum / min / max tree over BLOCK_T lanes): loss sum, active count, clipped count, approx_kl
+    (k3 of old vs current) sum, ratio sum, ratio min, ratio max. Both row-sum paths call this."""
     offs = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     inb = offs < T
     p = row * T + offs
@@ -294,14 +244,79 @@ def _policy_loss_tiles_kernel(
     tl.store(per_token_ptr + p, loss, mask=inb)
     u = old - logp
     k3 = (tl.exp(u) - 1.0) - u
+    return (tl.sum(loss, 0), tl.sum(active.to(tl.int32), 0), tl.sum(clipped.to(tl.int32), 0),
+            tl.sum(tl.where(active, k3, 0.0), 0), tl.sum(tl.where(active, ratio, 0.0), 0),
+            tl.min(tl.where(active, ratio, float("inf")), 0), tl.max(tl.where(active, ratio, float("-inf")), 0))
+
+
+@triton.jit
+def _store_row_stats(out, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min, ratio_max, mask):
+    """A row's ROW_STATS columns (counts as exact fp32); mask None for one scalar row."""
+    n = n_active.to(tl.float32)
+    tl.store(out + 0, loss_sum, mask=mask)
+    tl.store(out + 1, n, mask=mask)
+    tl.store(out + 2, n_clipped.to(tl.float32), mask=mask)
+    tl.store(out + 3, kl_sum, mask=mask)
+    tl.store(out + 4, ratio_sum, mask=mask)
+    tl.store(out + 5, ratio_min, mask=mask)
+    tl.store(out + 6, ratio_max, mask=mask)
+    tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0), mask=mask)
+
+
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+def _policy_loss_rows_kernel(
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    loss_sum = tl.zeros((), tl.float32)
+    kl_sum = tl.zeros((), tl.float32)
+    ratio_sum = tl.zeros((), tl.float32)
+    ratio_min = tl.full((), float("inf"), tl.float32)
+    ratio_max = tl.full((), float("-inf"), tl.float32)
+    n_active = tl.zeros((), tl.int32)
+    n_clipped = tl.zeros((), tl.int32)
+    for tile in range(0, tl.cdiv(T, BLOCK_T)):  # the fixed tile order of the row sums
+        t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max = _policy_tile_sums(
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
+            clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+            ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, BLOCK_T)
+        loss_sum += t_loss
+        n_active += t_act
+        n_clipped += t_clip
+        kl_sum += t_kl
+        ratio_sum += t_ratio
+        ratio_min = tl.minimum(ratio_min, t_min)
+        ratio_max = tl.maximum(ratio_max, t_max)
+    _store_row_stats(row_stats_ptr + row * 8, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min,
+                     ratio_max, None)
+
+
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+def _policy_loss_tiles_kernel(
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, tile_stats_ptr,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    # The rows kernel's loop body as one program per (row, tile), its reductions written per tile
+    # for _policy_loss_fold_kernel (counts < 2^24: exact in fp32).
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max = _policy_tile_sums(
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
+        clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+        ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, BLOCK_T)
     out = tile_stats_ptr + (row * tl.num_programs(1) + tile) * 8
-    tl.store(out + 0, tl.sum(loss, 0))
-    tl.store(out + 1, tl.sum(active.to(tl.int32), 0).to(tl.float32))  # counts < 2^24: exact
-    tl.store(out + 2, tl.sum(clipped.to(tl.int32), 0).to(tl.float32))
-    tl.store(out + 3, tl.sum(tl.where(active, k3, 0.0), 0))
-    tl.store(out + 4, tl.sum(tl.where(active, ratio, 0.0), 0))
-    tl.store(out + 5, tl.min(tl.where(active, ratio, float("inf")), 0))
-    tl.store(out + 6, tl.max(tl.where(active, ratio, float("-inf")), 0))
+    tl.store(out + 0, t_loss)
+    tl.store(out + 1, t_act.to(tl.float32))
+    tl.store(out + 2, t_clip.to(tl.float32))
+    tl.store(out + 3, t_kl)
+    tl.store(out + 4, t_ratio)
+    tl.store(out + 5, t_min)
+    tl.store(out + 6, t_max)
 
 
 @triton.jit(do_not_specialize=["B", "n_tiles"])
@@ -327,16 +342,8 @@ def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B:
         ratio_sum += tl.load(st + 4, mask=ok, other=0.0)
         ratio_min = tl.minimum(ratio_min, tl.load(st + 5, mask=ok, other=float("inf")))
         ratio_max = tl.maximum(ratio_max, tl.load(st + 6, mask=ok, other=float("-inf")))
-    n = n_active.to(tl.float32)
-    out = row_stats_ptr + rows.to(tl.int64) * 8
-    tl.store(out + 0, loss_sum, mask=ok)
-    tl.store(out + 1, n, mask=ok)
-    tl.store(out + 2, n_clipped.to(tl.float32), mask=ok)
-    tl.store(out + 3, kl_sum, mask=ok)
-    tl.store(out + 4, ratio_sum, mask=ok)
-    tl.store(out + 5, ratio_min, mask=ok)
-    tl.store(out + 6, ratio_max, mask=ok)
-    tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0), mask=ok)
+    _store_row_stats(row_stats_ptr + rows.to(tl.int64) * 8, loss_sum, n_active, n_clipped, kl_sum, ratio_sum,
+                     ratio_min, ratio_max, ok)
 
 
 @triton.jit(do_not_specialize=["B", "normalizer"])

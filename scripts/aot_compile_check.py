@@ -1,0 +1,146 @@
+"""Compile kernels for the H200 (sm90) on a machine without a GPU, with their locked configs, and
+report each one's shared memory against the H200's per-block limit: a check that a kernel change
+builds for the real target before device time is spent on it. It does not run anything: speed and
+bits still need the GPU.
+
+    python scripts/aot_compile_check.py [--out report.json]
+
+Needs the triton version of the GPU machine (3.6: its ptxas ships in the wheel). Exit code 1 when
+a kernel fails to compile or needs more shared memory than the H200 has.
+"""
+import argparse
+import json
+import os
+import sys
+import traceback
+
+os.environ.pop("TRITON_INTERPRET", None)  # real JIT functions, not the interpreter's
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import mangle_type  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from rlk_triton import configs  # noqa: E402
+
+H200_SMEM_PER_BLOCK = 232448  # bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin on the H200)
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
+    """(shared bytes, None) or (None, error) for kernel with every argument given by name."""
+    fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
+    sig, consts = {}, {}
+    for p in fn.params:
+        v = args[p.name]
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+            consts[p.name] = v
+        else:
+            sig[p.name] = mangle_type(v)
+    try:
+        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
+                           options={"num_warps": num_warps, "num_stages": num_stages})
+        return c.metadata.shared, None
+    except Exception as ex:  # noqa: BLE001 - reported
+        return None, f"{type(ex).__name__}: {str(ex)[:400]}"
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def cases():
+    """(name, kernel, args, num_warps, num_stages) for the kernels with GPU-unverified changes and a
+    verified control (the linear_logp forward on descriptors, measured on the H200)."""
+    from rlk_triton.ops import linear_logp as ll
+    from rlk_triton.ops import matmul as mm
+    from rlk_triton.ops import rl_losses as rl
+    from rlk_triton.ops import rmsnorm as rn
+
+    bf = torch.bfloat16
+    out = []
+    fwd = configs.lookup_matmul("linear_logp_fwd", "sm90", bf)
+    h, w = _t(256, 4096), _t(1024, 4096)
+    xd = TensorDescriptor.from_tensor(h, [fwd.block_m, fwd.block_k])
+    wd = TensorDescriptor.from_tensor(w, [fwd.block_n, fwd.block_k])
+    f32 = torch.float32
+    out.append(("linear_logp _tile_stats_kernel (descriptors; verified on the H200: control)", ll._tile_stats_kernel,
+                dict(x_ptr=h, stride_xn=4096, w_ptr=w, stride_wv=4096, x_desc=xd, w_desc=wd, bias_ptr=w,
+                     target_local_ptr=_t(256, dtype=torch.int64), stats_ptr=_t(5, 4, 256, dtype=f32), N=256, H=4096,
+                     V_local=1024, n_tiles=4, inv_t=1.0, n_progs=132, HAS_BIAS=False, WITH_ENTROPY=True,
+                     UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+                     BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True), fwd.num_warps, fwd.num_stages))
+    out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
+                dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
+                     logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
+                     row_logsum_ptr=_t(256, dtype=f32), N=256, n_chunks=7, ignore_index=-100, WITH_ENTROPY=True,
+                     BLOCK=ll.MERGE_BLOCK), 4, 1))
+    dh = dataclass_replace(configs.lookup_matmul("linear_logp_dhidden", "sm90", bf), persistent_tma=True)
+    d, wc = _t(256, 4096), _t(4096, 4096)
+    out.append(("matmul _matmul_desc_kernel, linear_logp d hidden tiles (fp32 accumulator in / out)",
+                mm._matmul_desc_kernel,
+                dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
+                     b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]), c_in_ptr=_t(256, 4096, dtype=f32),
+                     stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32), stride_om=4096, bias_ptr=_t(4096, dtype=f32),
+                     M=256, N=4096, K=4096, n_progs=132, ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False,
+                     BLOCK_M=dh.block_m, BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
+                dh.num_warps, dh.num_stages))
+    rows = configs.lookup_fixed("rl_policy_loss_rows", "sm90")
+    x = _t(64, 8192, dtype=f32)
+    token = dict(logp_ptr=x, old_ptr=x, adv_ptr=x, mask_ptr=_t(64, 8192, dtype=torch.uint8), ref_ptr=x, ent_ptr=x,
+                 roll_ptr=x, per_token_ptr=x, T=8192, clip_lo=0.8, clip_hi=1.2, dual_c=3.0, kl_coef=0.1,
+                 ent_coef=0.0, tis_cap=2.0, ADV_PER_ROW=False, CISPO=False, DUAL_CLIP=True, HAS_KL=True, KL_EST=3,
+                 HAS_ENTROPY=False, TIS_MODE=1, BLOCK_T=rows.block_v)
+    out.append(("rl _policy_loss_rows_kernel (refactored onto _policy_tile_sums)", rl._policy_loss_rows_kernel,
+                dict(token, row_stats_ptr=_t(64, 8, dtype=f32)), rows.num_warps, rows.num_stages))
+    out.append(("rl _policy_loss_tiles_kernel", rl._policy_loss_tiles_kernel,
+                dict(token, tile_stats_ptr=_t(64, 8, 8, dtype=f32)), rows.num_warps, rows.num_stages))
+    fold = configs.lookup_fixed("rl_policy_loss_batch", "sm90")
+    out.append(("rl _policy_loss_fold_kernel", rl._policy_loss_fold_kernel,
+                dict(tile_stats_ptr=_t(64, 8, 8, dtype=f32), row_stats_ptr=_t(64, 8, dtype=f32), B=64, n_tiles=8,
+                     BLOCK_B=fold.block_v), fold.num_warps, 1))
+    for H in (4096, 8192):
+        cfg = configs.lookup("rmsnorm_fwd", "sm90", bf, H)
+        block = rn.hidden_tile(cfg, H)
+        for r in (2, 4):
+            y = _t(16, H)
+            out.append((f"rmsnorm _fwd_rows_kernel H={H} rows={r}", rn._fwd_rows_kernel,
+                        dict(x_ptr=y, x_row_stride=H, res_ptr=y, res_row_stride=H, w_ptr=_t(H), y_ptr=y, res_out_ptr=y,
+                             rstd_ptr=_t(16, dtype=f32), N=16, H=H, h_count=float(H), eps=1e-6, weight_offset=0.0,
+                             HAS_RESIDUAL=True, BLOCK_H=block, ROWS=r), cfg.num_warps, 1))
+    return out
+
+
+def dataclass_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows, ok = [], True
+    for name, kernel, kargs, warps, stages in cases():
+        try:
+            shared, err = compile_for_sm90(kernel, kargs, warps, stages)
+        except Exception:  # noqa: BLE001 - a broken case is a failure of the check, reported
+            shared, err = None, traceback.format_exc()[-600:]
+        fits = shared is not None and shared <= H200_SMEM_PER_BLOCK
+        ok &= fits
+        rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
+                     "fits_h200": fits, "error": err})
+        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B" + (f"  {err}" if err else ""), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "target": "cuda sm90", "smem_limit": H200_SMEM_PER_BLOCK,
+                       "rows": rows}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
