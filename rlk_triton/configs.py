@@ -41,6 +41,10 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
+    # With persistent_tma: Triton's automatic warp specialization of the persistent loop (a producer
+    # warp issues the TMA loads, the others run tl.dot and the epilogue). It moves work between warps,
+    # never a tile's K order: the same bits (tested on the GPU before a row turns it on).
+    warp_specialize: bool = False
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
