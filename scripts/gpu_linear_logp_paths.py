@@ -1,0 +1,157 @@
+"""linear_logp's GEMM paths on a GPU, in one run: which loading / scheduling path each fused kernel
+should lock, and the vocab chunk of the backward.
+
+  python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA]
+
+At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
+  - the forward (tile_stats) on pointer kernels, persistent descriptors (flattened loop) and
+    persistent descriptors with warp specialization (MatmulConfig.warp_specialize);
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on the same three paths;
+  - fwd+bwd for every combination of the d logits and d hidden paths, and for chunk_v 4096, 6144
+    and 8192, with the extra peak memory (the issue's budget: 0.25 GiB).
+Every path must give bitwise the same logp, entropy, d hidden and d weight as the pointer kernels
+at the same chunk_v (the paths change loading and scheduling, never a tile's K order): a row
+records `bitwise_vs_pointer`, and a path that differs must not be locked.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from rlk_triton import bench, configs
+from rlk_triton.logp import linear_logp
+from rlk_triton.ops import linear_logp as op
+from rlk_triton.ops.matmul import matmul_into
+
+N, H, V = 8192, 4096, 151936
+DT = torch.bfloat16
+FLOPS = 2 * N * H * V  # one GEMM of the op
+PATHS = {"pointer": dict(persistent_tma=False, warp_specialize=False),
+         "descriptor": dict(persistent_tma=True, warp_specialize=False),
+         "descriptor+ws": dict(persistent_tma=True, warp_specialize=True)}
+report = {"rows": [], "errors": []}
+
+
+def log(*a):
+    print(*a, flush=True)
+    sys.stdout.flush()
+
+
+def key(kernel):
+    return (kernel, "sm90", "bfloat16", "any")
+
+
+LOCKED = {k: configs.LOCKED_CONFIGS[key(k)] for k in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden")}
+
+
+def use(fwd=None, dlogits=None, dhidden=None, chunk_v=None):
+    """Set the three rows to the locked ones with the given paths (and chunk_v) swapped in."""
+    for kernel, path in (("linear_logp_fwd", fwd), ("linear_logp_dlogits", dlogits), ("linear_logp_dhidden", dhidden)):
+        cfg = LOCKED[kernel]
+        if path is not None:
+            cfg = dataclasses.replace(cfg, **PATHS[path])
+        if kernel == "linear_logp_dlogits" and chunk_v is not None:
+            cfg = dataclasses.replace(cfg, chunk_v=chunk_v)
+        configs.LOCKED_CONFIGS[key(kernel)] = cfg
+
+
+def inputs(seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(DT)
+    w = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(DT)
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    gr = torch.randn(N, device="cuda", generator=g)
+    return h, w, t, gr
+
+
+def run_row(name, fn, flops, check=None):
+    row = {"name": name}
+    try:
+        row["ms"] = round(bench.median_ms(fn, rep_ms=400), 3)
+        row["tflops"] = round(flops / row["ms"] / 1e9, 1)
+        row["peak_extra_gib"] = round(bench.peak_extra_gib(fn), 3)
+        if check is not None:
+            row["bitwise_vs_pointer"] = check()
+    except Exception as ex:  # noqa: BLE001 - a path that fails to build is a result
+        row["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
+    report["rows"].append(row)
+    log(row)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default="unknown")
+    args = ap.parse_args()
+    report.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  python=platform.python_version(), commit=args.commit, date=datetime.date.today().isoformat(),
+                  shape={"N": N, "H": H, "V": V, "dtype": "bfloat16"},
+                  locked={k: dataclasses.asdict(v) for k, v in LOCKED.items()})
+    t0 = time.time()
+    h, w, t, gr = inputs()
+    hl, wl = h.detach().requires_grad_(), w.detach().requires_grad_()
+    tl_local = op.local_targets(t, 0, V, -100)
+
+    def fwd_bwd():
+        hl.grad = wl.grad = None
+        lp, ent = linear_logp(hl, wl, t, validate=False, return_entropy=True)
+        (lp * gr + ent * gr).sum().backward()
+        return lp, ent, hl.grad, wl.grad
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    try:
+        # forward alone, on each path
+        use(fwd="pointer")
+        ref_stats = op.tile_stats(h, w, None, tl_local, 1.0, True).clone()
+        for path in PATHS:
+            use(fwd=path)
+            run_row(f"fwd tile_stats [{path}]", lambda: op.tile_stats(h, w, None, tl_local, 1.0, True), FLOPS,
+                    lambda: torch.equal(op.tile_stats(h, w, None, tl_local, 1.0, True), ref_stats))
+        use()
+        del ref_stats
+        # d hidden's chunk GEMM alone: [N, 4096] @ W[:4096] into an fp32 accumulator
+        C = 4096
+        d = (torch.randn(N, C, device="cuda") * 1e-3).to(DT)
+        acc0 = torch.randn(N, H, device="cuda")
+        ref = matmul_into(d, w[:C], torch.empty_like(acc0), c_in=acc0,
+                          cfg=dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS["pointer"]))
+        for path in PATHS:
+            cfg = dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS[path])
+            out = torch.empty_like(acc0)
+            run_row(f"d hidden chunk GEMM [{path}]", lambda: matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg),
+                    2 * N * H * C, lambda: torch.equal(matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg), ref))
+        del d, acc0, ref, out
+        torch.cuda.empty_cache()
+        # fwd+bwd: d logits x d hidden paths at the locked chunk, then the chunk sweep
+        for chunk_v in (LOCKED["linear_logp_dlogits"].chunk_v, 6144, 8192):
+            use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
+            ref_out = [x.clone() for x in fwd_bwd()]
+            combos = ([(dl, dh) for dl in PATHS for dh in PATHS] if chunk_v == LOCKED["linear_logp_dlogits"].chunk_v
+                      else [(None, None), ("descriptor+ws", "descriptor+ws"), ("descriptor", "descriptor")])
+            for dl, dh in combos:
+                use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
+                run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} d logits [{dl or 'locked'}] d hidden [{dh or 'locked'}]",
+                        fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
+            del ref_out
+            torch.cuda.empty_cache()
+        use()
+    except Exception:  # noqa: BLE001
+        report["errors"].append(traceback.format_exc())
+        log(traceback.format_exc())
+    report["seconds"] = round(time.time() - t0, 1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
