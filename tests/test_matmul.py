@@ -90,5 +90,5 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
         cfg = dataclasses.replace(base, persistent_tma=tma, warp_specialize=ws)
         outs.append((matmul_into(a, b, torch.empty(M, N, device=device), c_in=c_in, cfg=cfg, bias=bias),
                      matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg)))
-    for acc, plain in outs[1:]:
-        assert torch.equal(outs[0][0], acc) and torch.equal(outs[0][1], plain)
+    for path, (acc, plain) in zip(("descriptor", "descriptor+warp_specialize"), outs[1:]):
+        assert torch.equal(outs[0][0], acc) and torch.equal(outs[0][1], plain), path
