@@ -13,7 +13,7 @@ timeout 130 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp
   > $OUT/tests.log 2>&1
 echo "tests: $(grep -E 'passed|failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -12
 echo "tests done at $(( $(date +%s) - T0 )) s"
-timeout 200 python3 scripts/gpu_linear_logp_paths.py --commit "$C" --out $OUT/paths.json > $OUT/paths.log 2>&1
+timeout 240 python3 scripts/gpu_linear_logp_paths.py --commit "$C" --out $OUT/paths.json > $OUT/paths.log 2>&1
 python3 - <<'PY'
 import json, os
 r = json.load(open(os.environ["OUT"] + "/paths.json"))
@@ -23,6 +23,6 @@ print("errors:", [e[-300:] for e in r["errors"]])
 PY
 echo "paths done at $(( $(date +%s) - T0 )) s"
 timeout 60 python3 scripts/gpu_bench_rl.py --out $OUT/rl.json > $OUT/rl.log 2>&1; grep -E "policy_loss|PPO" $OUT/rl.log | cut -c1-200
-timeout 170 python3 scripts/gpu_bench_rowwise.py --commit "$C" --out $OUT/rowwise.json > $OUT/rowwise.log 2>&1
+timeout 150 python3 scripts/gpu_bench_rowwise.py --commit "$C" --out $OUT/rowwise.json > $OUT/rowwise.log 2>&1
 grep -E "sweep rmsnorm forward|rlk rmsnorm forward alone" $OUT/rowwise.log | cut -c1-160
 echo "total $(( $(date +%s) - T0 )) s"
