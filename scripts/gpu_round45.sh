@@ -8,12 +8,12 @@ export PYTHONUNBUFFERED=1
 C=${1:-unknown}
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
 T0=$(date +%s)
-timeout 130 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
+timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
   tests/test_rl_losses.py tests/test_rmsnorm.py -k "within_contract or descriptor or split_rows or multi_row" \
   > $OUT/tests.log 2>&1
 echo "tests: $(grep -E 'passed|failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -12
 echo "tests done at $(( $(date +%s) - T0 )) s"
-timeout 240 python3 scripts/gpu_linear_logp_paths.py --commit "$C" --out $OUT/paths.json > $OUT/paths.log 2>&1
+timeout 230 python3 scripts/gpu_linear_logp_paths.py --commit "$C" --out $OUT/paths.json > $OUT/paths.log 2>&1
 python3 - <<'PY'
 import json, os
 r = json.load(open(os.environ["OUT"] + "/paths.json"))
@@ -25,4 +25,5 @@ echo "paths done at $(( $(date +%s) - T0 )) s"
 timeout 60 python3 scripts/gpu_bench_rl.py --out $OUT/rl.json > $OUT/rl.log 2>&1; grep -E "policy_loss|PPO" $OUT/rl.log | cut -c1-200
 timeout 150 python3 scripts/gpu_bench_rowwise.py --commit "$C" --out $OUT/rowwise.json > $OUT/rowwise.log 2>&1
 grep -E "sweep rmsnorm forward|rlk rmsnorm forward alone" $OUT/rowwise.log | cut -c1-160
+timeout 40 python3 scripts/gpu_host_overhead.py --out $OUT/host.json > $OUT/host.log 2>&1; head -c 3500 $OUT/host.log
 echo "total $(( $(date +%s) - T0 )) s"
