@@ -22,8 +22,8 @@ for row in r["rows"]:
 print("errors:", [e[-300:] for e in r["errors"]])
 PY
 echo "paths done at $(( $(date +%s) - T0 )) s"
-timeout 60 python3 scripts/gpu_bench_rl.py --out $OUT/rl.json > $OUT/rl.log 2>&1; grep -E "policy_loss|PPO" $OUT/rl.log | cut -c1-200
+timeout 60 python3 scripts/gpu_bench_rl.py --out $OUT/rl.json > /tmp/rl.log 2>&1; grep -E "policy_loss|PPO" /tmp/rl.log | cut -c1-200
 timeout 150 python3 scripts/gpu_bench_rowwise.py --commit "$C" --out $OUT/rowwise.json > $OUT/rowwise.log 2>&1
 grep -E "sweep rmsnorm forward|rlk rmsnorm forward alone" $OUT/rowwise.log | cut -c1-160
-timeout 40 python3 scripts/gpu_host_overhead.py --out $OUT/host.json > $OUT/host.log 2>&1; head -c 3500 $OUT/host.log
+timeout 40 python3 scripts/gpu_host_overhead.py --out $OUT/host.json > /tmp/host.log 2>&1; head -c 3500 /tmp/host.log
 echo "total $(( $(date +%s) - T0 )) s"
