@@ -8,7 +8,9 @@ At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the loc
     persistent descriptors with warp specialization (MatmulConfig.warp_specialize);
   - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on the same three paths;
   - fwd+bwd for every combination of the d logits and d hidden paths, and for chunk_v 4096, 6144
-    and 8192, with the extra peak memory (the issue's budget: 0.25 GiB).
+    and 8192, with the extra peak memory (the issue's budget: 0.25 GiB);
+  - then the issue's benchmark (logp, fwd and fwd+bwd) on the fastest bitwise-verified choice
+    against torch eager in the same run (the "chosen" rows; lock that choice in configs.py).
 Every path must give bitwise the same logp, entropy, d hidden and d weight as the pointer kernels
 at the same chunk_v (the paths change loading and scheduling, never a tile's K order): a row
 records `bitwise_vs_pointer`, and a path that differs must not be locked.
@@ -86,6 +88,44 @@ def run_row(name, fn, flops, check=None):
     return row
 
 
+def choose_and_compare(h, w, t, gr, hl, wl):
+    """The fastest fwd+bwd row that is bitwise the pointer kernels' and within the memory budget, then
+    the issue's benchmark (logp only) on it against torch eager in this same run."""
+    ok = [r for r in report["rows"] if r["name"].startswith("fwd+bwd") and r.get("bitwise_vs_pointer")
+          and r.get("peak_extra_gib", 1.0) <= 0.25]
+    fwd_ok = [r for r in report["rows"] if r["name"].startswith("fwd tile_stats") and r.get("bitwise_vs_pointer")]
+    if not ok or not fwd_ok:
+        log("no bitwise-verified row to choose from")
+        return
+    best = min(ok, key=lambda r: r["ms"])
+    best_fwd = min(fwd_ok, key=lambda r: r["ms"])
+    name = best["name"]
+    chunk_v = int(name.split("chunk_v=")[1].split()[0])
+    dl = name.split("d logits [")[1].split("]")[0]
+    dh = name.split("d hidden [")[1].split("]")[0]
+    fwd = best_fwd["name"].split("[")[1].rstrip("]")
+    use(fwd=fwd, dlogits=None if dl == "locked" else dl, dhidden=None if dh == "locked" else dh, chunk_v=chunk_v)
+    report["chosen"] = {"fwd": fwd, "dlogits": dl, "dhidden": dh, "chunk_v": chunk_v}
+    log("chosen", report["chosen"])
+
+    def zero():
+        hl.grad = wl.grad = None
+
+    def ours_fb():
+        zero()
+        (linear_logp(hl, wl, t, validate=False) * gr).sum().backward()
+
+    def torch_fb():
+        zero()
+        lp = torch.log_softmax((hl @ wl.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
+        (lp * gr).sum().backward()
+
+    run_row("chosen: rlk_triton linear_logp fwd", lambda: linear_logp(h, w, t, validate=False), FLOPS)
+    run_row("chosen: rlk_triton linear_logp fwd+bwd", ours_fb, 4 * FLOPS)
+    run_row("torch eager fwd", lambda: torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]), FLOPS)
+    run_row("torch eager fwd+bwd", torch_fb, 3 * FLOPS)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -144,6 +184,7 @@ def main():
                         fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
             del ref_out
             torch.cuda.empty_cache()
+        choose_and_compare(h, w, t, gr, hl, wl)
         use()
     except Exception:  # noqa: BLE001
         report["errors"].append(traceback.format_exc())
