@@ -85,7 +85,14 @@ def run_row(name, fn, flops, check=None):
         row["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
     report["rows"].append(row)
     log(row)
+    save()  # after every row: a run stopped by its time limit still leaves its measurements
     return row
+
+
+def save():
+    if report.get("out"):
+        with open(report["out"], "w") as f:
+            json.dump(report, f, indent=1)
 
 
 def choose_and_compare(h, w, t, gr, hl, wl):
@@ -131,7 +138,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     args = ap.parse_args()
-    report.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    report.update(out=args.out, device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), commit=args.commit, date=datetime.date.today().isoformat(),
                   shape={"N": N, "H": H, "V": V, "dtype": "bfloat16"},
                   locked={k: dataclasses.asdict(v) for k, v in LOCKED.items()})
@@ -190,8 +197,7 @@ def main():
         report["errors"].append(traceback.format_exc())
         log(traceback.format_exc())
     report["seconds"] = round(time.time() - t0, 1)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":
