@@ -41,10 +41,6 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
-    # With persistent_tma: Triton's automatic warp specialization of the persistent loop (a producer
-    # warp issues the TMA loads, the others run tl.dot and the epilogue). It moves work between warps,
-    # never a tile's K order: the same bits (tested on the GPU before a row turns it on).
-    warp_specialize: bool = False
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -92,9 +88,9 @@ def _rows():
         t[(kernel, "cuda", "float32", "any")] = LaunchConfig(cb, cw, 1)
         t[(kernel, "interpreter", "float32", "any")] = LaunchConfig(ib, iw, 1)
     # policy_loss's row sums: block_v = 1 runs (row, tile) programs and an in-order fold (the same
-    # bits as one program per row, B x tiles programs instead of B). Off on CUDA until the gpu test
-    # tests/test_rl_losses.py::test_split_rows_path_gives_the_row_kernel_bits has passed there.
-    t[("rl_policy_loss_split", "cuda", "float32", "any")] = LaunchConfig(0, 1, 1)
+    # bits as one program per row, B x tiles programs instead of B). On the H200 at [64 x 8192] the
+    # fwd+bwd device time goes from 0.061 to 0.037 ms (docs/reports/h200-round4-2026-12-03.json).
+    t[("rl_policy_loss_split", "cuda", "float32", "any")] = LaunchConfig(1, 1, 1)
     t[("rl_policy_loss_split", "interpreter", "float32", "any")] = LaunchConfig(1, 1, 1)
     # RoPE and embedding (rlk_triton/ops/rope.py, embedding.py). block_v = (token, head) rows per
     # program for "rope" (bucket: head_dim), hidden columns per program for the embedding kernels
@@ -116,6 +112,9 @@ def _rows():
     # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). RMSNorm backward rows
     # (R = 64, 128 lanes, 8 warps): the H200 sweep's best common choice for H = 4096 and 8192
     # (docs/reports/h200-round2-2026-12-03.json: 0.821x / 0.834x copy); the other rows untuned.
+    # Forward rows: 2 rows per program for 2-byte dtypes up to H = 8192, the H200 sweep's best at
+    # H = 4096 and 8192 (h200-round4-2026-12-03.json: 0.887x / 0.949x copy against 0.875x / 0.925x
+    # for one row, same run).
     # The interpreter rows are narrow so that tests cover several tiles, blocks and lane groups.
     for dt in _DTYPES:
         two_byte = dt != "float32"
@@ -123,7 +122,7 @@ def _rows():
             b = _bucket_name(v_max)
             t[("rmsnorm_fwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
             t[("rmsnorm_bwd", "cuda", dt, b)] = LaunchConfig(tile, warps, 1)
-            t[("rmsnorm_fwd_rows", "cuda", dt, b)] = LaunchConfig(1, 1, 1)
+            t[("rmsnorm_fwd_rows", "cuda", dt, b)] = LaunchConfig(2 if two_byte and v_max == 8192 else 1, 1, 1)
             t[("rmsnorm_dw_rows", "cuda", dt, b)] = LaunchConfig(64, 1, 1)
             t[("rmsnorm_dw_reduce", "cuda", dt, b)] = LaunchConfig(128, 4, 2)
             t[("swiglu_fwd", "cuda", dt, b)] = LaunchConfig(2048 if two_byte else 1024, 4, 1)
@@ -152,11 +151,11 @@ def _matmul_rows():
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
                                                                        persistent_tma=tma)
-            # d hidden += d_logits @ W_chunk: matmul's tiles. Its descriptor kernel (matmul_into's
-            # _matmul_desc_kernel) is bitwise-tested on the interpreter only: off until the gpu tests
-            # (tests/test_matmul.py, test_linear_logp.py "descriptor") pass on an H200. d weight stays
-            # on the pointer kernel: 713 TFLOP/s there against 688 through descriptors (h200-round2).
-            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3)
+            # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
+            # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
+            # same bits (docs/reports/h200-round4-2026-12-03.json). d weight stays on the pointer
+            # kernel: 713 TFLOP/s there against 688 through descriptors (h200-round2).
+            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
         t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)

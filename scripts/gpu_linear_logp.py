@@ -92,7 +92,7 @@ def sweep(h, w, t, gr):
                     h, h.stride(0), w, w.stride(0), h, w, w, tl_local, m, ls, ent, gr, gr, d, d.stride(0), m, 0,
                     N, H, V, 0, C, 1.0, grid, HAS_BIAS=False, WITH_ENTROPY_GRAD=True, UPCAST=upcast, IEEE=ieee,
                     EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    GROUP_M=cfg.group_m, DESC=False, WS=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                    GROUP_M=cfg.group_m, DESC=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             ms = bench.median_ms(dl)
             row = {"kernel": "linear_logp_dlogits", "cfg": cfg.__dict__, "ms_per_chunk": ms,
                    "tflops": 2 * N * H * C / ms / 1e9}

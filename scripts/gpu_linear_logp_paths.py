@@ -4,9 +4,8 @@ should lock, and the vocab chunk of the backward.
   python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA]
 
 At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
-  - the forward (tile_stats) on pointer kernels, persistent descriptors (flattened loop) and
-    persistent descriptors with warp specialization (MatmulConfig.warp_specialize);
-  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on the same three paths;
+  - the forward (tile_stats) on pointer kernels and persistent descriptors;
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on the same two paths;
   - fwd+bwd for every combination of the d logits and d hidden paths, and for chunk_v 4096, 6144
     and 8192, with the extra peak memory (the issue's budget: 0.25 GiB);
   - then the issue's benchmark (logp, fwd and fwd+bwd) on the fastest bitwise-verified choice
@@ -35,9 +34,7 @@ from rlk_triton.ops.matmul import matmul_into
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
-PATHS = {"pointer": dict(persistent_tma=False, warp_specialize=False),
-         "descriptor": dict(persistent_tma=True, warp_specialize=False),
-         "descriptor+ws": dict(persistent_tma=True, warp_specialize=True)}
+PATHS = {"pointer": dict(persistent_tma=False), "descriptor": dict(persistent_tma=True)}
 report = {"rows": [], "errors": []}
 
 
@@ -184,7 +181,7 @@ def main():
             use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
             ref_out = [x.clone() for x in fwd_bwd()]
             combos = ([(dl, dh) for dl in PATHS for dh in PATHS] if chunk_v == LOCKED["linear_logp_dlogits"].chunk_v
-                      else [(None, None), ("descriptor+ws", "descriptor+ws"), ("descriptor", "descriptor")])
+                      else [(None, None), ("descriptor", "descriptor")])
             for dl, dh in combos:
                 use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
                 run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} d logits [{dl or 'locked'}] d hidden [{dh or 'locked'}]",

@@ -76,8 +76,8 @@ def test_d_weight_and_d_bias_bitwise_on_repeat(device, dtype):
         assert torch.equal(x, y)
 
 
-def _with_descriptor_path(monkeypatch, device, dtype, flag, ws=False):
-    """Set persistent_tma (and warp_specialize) on the locked linear_logp rows this device uses."""
+def _with_descriptor_path(monkeypatch, device, dtype, flag):
+    """Set persistent_tma on the locked linear_logp rows this device uses."""
     import dataclasses
 
     arch = arch_of(torch.device(device))
@@ -85,8 +85,7 @@ def _with_descriptor_path(monkeypatch, device, dtype, flag, ws=False):
     for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
         key = (kernel, configs.table_arch(arch, kernel), dt, "any")
         monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
-                            dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag,
-                                                                warp_specialize=ws))
+                            dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
@@ -97,15 +96,13 @@ def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch)
     hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=5), device)
     g, ge = torch.randn(n, device=device), torch.randn(n, device=device)
     runs = []
-    # pointer, persistent descriptors (flattened loop), persistent descriptors warp-specialized
-    for tma, ws in ((False, False), (True, False), (True, True)):
-        _with_descriptor_path(monkeypatch, device, dtype, tma, ws)
+    for flag in (False, True):
+        _with_descriptor_path(monkeypatch, device, dtype, flag)
         runs.append(_fwd_bwd(hidden, weight, bias, targets, g, ge))
-    lp0, e0, g0 = runs[0]
-    for path, (lp1, e1, g1) in zip(("descriptor", "descriptor+warp_specialize"), runs[1:]):
-        assert torch.equal(lp0, lp1) and torch.equal(e0, e1), path
-        for x, y in zip(g0, g1):
-            assert torch.equal(x, y), path
+    (lp0, e0, g0), (lp1, e1, g1) = runs
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    for x, y in zip(g0, g1):
+        assert torch.equal(x, y)
 
 
 def test_logp_does_not_depend_on_asking_for_entropy(device):

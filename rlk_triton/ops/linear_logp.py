@@ -58,15 +58,14 @@ def _tile_stats_kernel(
     N, H, V_local, n_tiles, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr, WS: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
     # (row block, vocab tile) work items in matmul's grouped order: the logits GEMM's L2 reuse, with
     # the softmax state of the tile as its epilogue. Pointer path: one program per item. DESC: n_progs
     # persistent programs stride over the items (flattened, so the next item's loads overlap this
-    # epilogue; WS: warp-specialized instead, configs.MatmulConfig). Either way an item's arithmetic is
-    # the same.
-    for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * n_tiles, n_progs, flatten=DESC and not WS,
-                         warp_specialize=WS):
+    # epilogue). Either way an item's arithmetic is the same. (Triton's warp specialization of this
+    # loop gave the same bits and no speed on the H200: docs/reports/h200-round4-2026-12-03.json.)
+    for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * n_tiles, n_progs, flatten=DESC):
         pid_m, tile = grouped_tile(item, N, V_local, BLOCK_M, BLOCK_N, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rm < N
@@ -130,11 +129,11 @@ def _dlogits_kernel(
     N, H, V_local, c0, chunk_width, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr, WS: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
     # Work items and programs as in _tile_stats_kernel, over this chunk's columns.
     for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * tl.cdiv(chunk_width, BLOCK_N), n_progs,
-                         flatten=DESC and not WS, warp_specialize=WS):
+                         flatten=DESC):
         pid_m, pid_n = grouped_tile(item, N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
@@ -211,7 +210,7 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
         target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
         HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
         EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, DESC=desc, WS=desc and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return stats
 
@@ -277,7 +276,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             N, H, V_local, c0, width, 1.0 / temperature, n_progs,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DESC=desc, WS=desc and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)

@@ -138,13 +138,11 @@ def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    WS: tl.constexpr,
 ):
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
-    # the next tile's loads overlap this tile's epilogue; WS: warp-specialized instead). The epilogue goes in two column halves,
+    # the next tile's loads overlap this tile's epilogue). The epilogue goes in two column halves,
     # which halves the shared memory its layout change needs; elementwise, so the same bits.
-    for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=not WS,
-                         warp_specialize=WS):
+    for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=True):
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
@@ -211,7 +209,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            WS=cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)

@@ -13,9 +13,10 @@ Semantics (fp32 inside, two documented downcast points; docs/rmsnorm.md):
   y = dtype((h * rstd) * (w + weight_offset))   fp32 products, downcast 2 (one rounding)
 The normalization reads the downcast h, so the fused op equals rms_norm(residual_out) bitwise.
 
-Forward: one program per row (an H200 sweep found 2 or 4 rows per program, with the next row
-prefetched, slower); configs "rmsnorm_fwd_rows" > 1 selects _fwd_rows_kernel, a [rows, H] tile per
-program (not yet measured on a GPU; off there). Backward: one program per block of R rows (configs
+Forward: configs "rmsnorm_fwd_rows" rows per program. 1: _fwd_kernel, one row per program (a loop
+over tiles for rows wider than one tile). > 1: _fwd_rows_kernel, a [rows, H] tile per program, for
+rows that fit one tile (locked at 2 for bf16 / fp16 up to H = 8192, from an H200 sweep; an earlier
+multi-row loop with the next row prefetched was slower). Backward: one program per block of R rows (configs
 "rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
 the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
 partials in a fixed order (reduction.py). No atomics: dx is batch-invariant per row, dW is
