@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# gpu_round4.sh and gpu_round5.sh in one device call (under 10 minutes; every step has its own
-# timeout): the gpu tests of the written-but-off paths (descriptor d hidden, warp specialization,
-# split row sums, [rows, H] RMSNorm forward, the n_tiles fix), linear_logp's path and chunk sweep,
+# Round 4 on the H200 in one device call (under 10 minutes; every step has its own timeout; its
+# report: docs/reports/h200-round4-2026-12-03.json): the gpu tests of the then written-but-off paths
+# (descriptor d hidden, split row sums, [rows, H] RMSNorm forward, the n_tiles fix), linear_logp's path and chunk sweep,
 # the RL benchmark with the split row-sum row, and the row-wise sweep. Usage: bash scripts/gpu_round45.sh <commit>.
 set -u
 export PYTHONUNBUFFERED=1
