@@ -31,6 +31,8 @@ from rlk_triton.logp import linear_logp
 from rlk_triton.ops import linear_logp as op
 from rlk_triton.ops.matmul import matmul_into
 
+from gpu_linear_logp import inputs  # the benchmark's inputs (scripts/ is on sys.path when run as a script)
+
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
@@ -59,15 +61,6 @@ def use(fwd=None, dlogits=None, dhidden=None, chunk_v=None):
         if kernel == "linear_logp_dlogits" and chunk_v is not None:
             cfg = dataclasses.replace(cfg, chunk_v=chunk_v)
         configs.LOCKED_CONFIGS[key(kernel)] = cfg
-
-
-def inputs(seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(DT)
-    w = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(DT)
-    t = torch.randint(0, V, (N,), device="cuda", generator=g)
-    gr = torch.randn(N, device="cuda", generator=g)
-    return h, w, t, gr
 
 
 def run_row(name, fn, flops, check=None):
