@@ -112,7 +112,7 @@ def _rows():
     # "rmsnorm_dw_reduce": block_v = partials per lane tile (reduction.py). RMSNorm backward rows
     # (R = 64, 128 lanes, 8 warps): the H200 sweep's best common choice for H = 4096 and 8192
     # (docs/reports/h200-round2-2026-12-03.json: 0.821x / 0.834x copy); the other rows untuned.
-    # Forward rows: 2 rows per program for 2-byte dtypes up to H = 8192, the H200 sweep's best at
+    # Forward rows: 2 rows per program for 2-byte dtypes in the H bucket (1024, 8192], the H200 sweep's best at
     # H = 4096 and 8192 (h200-round4-2026-12-03.json: 0.887x / 0.949x copy against 0.875x / 0.925x
     # for one row, same run).
     # The interpreter rows are narrow so that tests cover several tiles, blocks and lane groups.

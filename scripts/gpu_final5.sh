@@ -4,13 +4,8 @@
 # with competitors and the matmul against cuBLAS, then the row-wise benchmark without its sweep.
 # Usage: bash scripts/gpu_final5.sh <commit>.
 set -u
-export PYTHONUNBUFFERED=1
 C=${1:-unknown}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
+source "$(dirname "$0")/device_setup.sh"
 T0=$(date +%s)
 timeout 210 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
   tests/test_rl_losses.py tests/test_rmsnorm.py tests/test_aot_compile.py > $OUT/tests.log 2>&1

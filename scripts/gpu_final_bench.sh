@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # Device call 1 of 2: benchmarks and error measurements, each step time-boxed; JSON under $OUT.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
+source "$(dirname "$0")/device_setup.sh"
 C=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 timeout 140 python3 scripts/gpu_linear_logp.py --commit "$C" --out $OUT/linear_bench.json > $OUT/linear_bench.log 2>&1; tail -14 $OUT/linear_bench.log
 timeout 120 python3 scripts/measure_linear_logp.py --out $OUT/linear_errors.json > $OUT/linear_errors.log 2>&1; tail -15 $OUT/linear_errors.log

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # First device call: versions, config sweep, error measurement on the compiled kernels.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3
+source "$(dirname "$0")/device_setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton, numpy; print(torch.__version__, triton.__version__, numpy.__version__)"
 python3 scripts/gpu_tune.py --out $OUT/tune.json 2>&1 | tee $OUT/tune.log | tail -5

@@ -4,8 +4,7 @@
 # the RL benchmark with CUDA-graph device times and GSPO, and the TMA-descriptor matmul probe.
 # Every step is time-boxed and writes under $OUT, so a cut run keeps what it measured.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
+source "$(dirname "$0")/device_setup.sh"
 T0=$(date +%s)
 ( timeout 230 python3 scripts/measure_attention.py --out $OUT/attention_errors.json > $OUT/attention_errors.log 2>&1 ) &
 ( timeout 230 python3 scripts/measure_positional.py --big --out $OUT/positional_errors.json > $OUT/positional_errors.log 2>&1 ) &

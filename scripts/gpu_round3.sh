@@ -4,13 +4,8 @@
 # retuned RMSNorm (its tests and benchmark), attention's GPU tests against the tightened contract.
 # Usage: bash scripts/gpu_round3.sh <commit>. At most 8 files under $OUT come back.
 set -u
-export PYTHONUNBUFFERED=1
 C=${1:-unknown}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
+source "$(dirname "$0")/device_setup.sh"
 T0=$(date +%s)
 ( timeout 220 python3 -m pytest -q -n 6 -p no:cacheprovider -m gpu tests/test_attention.py > $OUT/tests_attention.log 2>&1 ) &
 timeout 220 python3 -m pytest -q -n 6 -p no:cacheprovider tests/test_linear_logp.py tests/test_rmsnorm.py \

@@ -4,9 +4,8 @@
 # (descriptor d hidden, split row sums, [rows, H] RMSNorm forward, the n_tiles fix), linear_logp's path and chunk sweep,
 # the RL benchmark with the split row-sum row, and the row-wise sweep. Usage: bash scripts/gpu_round45.sh <commit>.
 set -u
-export PYTHONUNBUFFERED=1
 C=${1:-unknown}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
+source "$(dirname "$0")/device_setup.sh"
 T0=$(date +%s)
 timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_linear_logp.py tests/test_matmul.py \
   tests/test_rl_losses.py tests/test_rmsnorm.py -k "within_contract or descriptor or split_rows or multi_row" \

@@ -4,8 +4,7 @@
 # the RMSNorm backward sweep, and the GPU error measurements of the row-wise / positional ops.
 # Every step is time-boxed and writes under $OUT, so a cut run keeps what it measured.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
+source "$(dirname "$0")/device_setup.sh"
 timeout 150 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider tests/test_gspo.py tests/test_rl_losses.py \
   tests/test_rl_backends.py tests/test_rl_registry.py tests/test_attention.py > $OUT/pending_tests.log 2>&1
 grep -E "passed|failed" $OUT/pending_tests.log | tail -1; grep -E "^FAILED|^ERROR" $OUT/pending_tests.log | head -20

@@ -15,7 +15,7 @@ The normalization reads the downcast h, so the fused op equals rms_norm(residual
 
 Forward: configs "rmsnorm_fwd_rows" rows per program. 1: _fwd_kernel, one row per program (a loop
 over tiles for rows wider than one tile). > 1: _fwd_rows_kernel, a [rows, H] tile per program, for
-rows that fit one tile (locked at 2 for bf16 / fp16 up to H = 8192, from an H200 sweep; an earlier
+rows that fit one tile (locked at 2 for bf16 / fp16 with 1024 < H <= 8192, from an H200 sweep; an earlier
 multi-row loop with the next row prefetched was slower). Backward: one program per block of R rows (configs
 "rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
 the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
