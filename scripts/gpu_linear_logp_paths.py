@@ -4,10 +4,16 @@ should lock, and the vocab chunk of the backward.
   python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA]
 
 At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
-  - the forward (tile_stats) on pointer kernels and persistent descriptors;
-  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on the same two paths;
-  - fwd+bwd for every combination of the d logits and d hidden paths, and for chunk_v 4096, 6144
-    and 8192, with the extra peak memory (the issue's budget: 0.25 GiB);
+  - the forward (tile_stats) on pointer kernels, persistent descriptors, and descriptors with 4
+    pipeline stages;
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers, descriptors, and
+    descriptors with the TMA epilogue (tma_store: C_in and out through descriptors);
+  - fwd+bwd for the combinations of the d logits and d hidden paths (descriptors with and without
+    tma_store) at the locked chunk, and the best one at chunk_v 8192, with the extra peak memory
+    (the issue's budget: 0.25 GiB);
+  - a per-kernel breakdown (torch.profiler) of one fwd+bwd on the locked and the fastest choice;
+  - the lower bound of any exact fused backward here: the four GEMM-sized products (logits twice,
+    d hidden, d weight) on cuBLAS (torch.matmul), unfused;
   - then the issue's benchmark (logp, fwd and fwd+bwd) on the fastest bitwise-verified choice
     against torch eager in the same run (the "chosen" rows; lock that choice in configs.py).
 Every path must give bitwise the same logp, entropy, d hidden and d weight as the pointer kernels
@@ -36,7 +42,10 @@ from gpu_linear_logp import inputs  # the benchmark's inputs (scripts/ is on sys
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
-PATHS = {"pointer": dict(persistent_tma=False), "descriptor": dict(persistent_tma=True)}
+PATHS = {"pointer": dict(persistent_tma=False, tma_store=False),
+         "descriptor": dict(persistent_tma=True, tma_store=False),
+         "descriptor+store": dict(persistent_tma=True, tma_store=True),
+         "descriptor, 4 stages": dict(persistent_tma=True, tma_store=False, num_stages=4)}
 report = {"rows": [], "errors": []}
 
 
@@ -101,7 +110,7 @@ def choose_and_compare(h, w, t, gr, hl, wl):
     dl = name.split("d logits [")[1].split("]")[0]
     dh = name.split("d hidden [")[1].split("]")[0]
     fwd = best_fwd["name"].split("[")[1].rstrip("]")
-    use(fwd=fwd, dlogits=None if dl == "locked" else dl, dhidden=None if dh == "locked" else dh, chunk_v=chunk_v)
+    use(fwd=fwd, dlogits=dl, dhidden=dh, chunk_v=chunk_v)
     report["chosen"] = {"fwd": fwd, "dlogits": dl, "dhidden": dh, "chunk_v": chunk_v}
     log("chosen", report["chosen"])
 
@@ -121,6 +130,42 @@ def choose_and_compare(h, w, t, gr, hl, wl):
     run_row("chosen: rlk_triton linear_logp fwd+bwd", ours_fb, 4 * FLOPS)
     run_row("torch eager fwd", lambda: torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]), FLOPS)
     run_row("torch eager fwd+bwd", torch_fb, 3 * FLOPS)
+
+
+def kernel_breakdown(name, fn):
+    """ms per kernel name (summed over launches) in one call of fn, from torch.profiler's CUDA trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us and e.count:
+            per[e.key[:80]] = {"ms": round(us / 1e3, 3), "launches": e.count}
+    per = dict(sorted(per.items(), key=lambda kv: -kv[1]["ms"])[:12])
+    row = {"name": name, "kernels": per}
+    report.setdefault("breakdown", []).append(row)
+    log(row)
+    save()
+
+
+def cublas_bound(h, w):
+    """The four GEMM-sized products of an exact backward that keeps no logits, on cuBLAS, unfused:
+    logits (forward and its recomputation), d hidden = d_logits @ W, d weight = d_logits^T @ hidden."""
+    d = (torch.randn(N, V, device="cuda") * 1e-4).to(DT)  # 2.3 GiB: a bound, not a fused kernel
+    rows = {"logits h @ W^T": lambda: h @ w.T, "d hidden d @ W": lambda: d @ w, "d weight d^T @ h": lambda: d.T @ h}
+    total = 0.0
+    for name, fn in rows.items():
+        r = run_row(f"cuBLAS {name}", fn, FLOPS)
+        total += r.get("ms", float("nan")) * (2 if name.startswith("logits") else 1)
+    report["cublas_four_gemm_ms"] = round(total, 3)
+    log("cuBLAS four-GEMM bound", total)
+    del d
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -147,10 +192,10 @@ def main():
         return all(torch.equal(x, y) for x, y in zip(a, b))
 
     try:
-        # forward alone, on each path
+        # forward alone, on each path (tma_store does not touch the forward)
         use(fwd="pointer")
         ref_stats = op.tile_stats(h, w, None, tl_local, 1.0, True).clone()
-        for path in PATHS:
+        for path in ("pointer", "descriptor", "descriptor, 4 stages"):
             use(fwd=path)
             run_row(f"fwd tile_stats [{path}]", lambda: op.tile_stats(h, w, None, tl_local, 1.0, True), FLOPS,
                     lambda: torch.equal(op.tile_stats(h, w, None, tl_local, 1.0, True), ref_stats))
@@ -162,26 +207,41 @@ def main():
         acc0 = torch.randn(N, H, device="cuda")
         ref = matmul_into(d, w[:C], torch.empty_like(acc0), c_in=acc0,
                           cfg=dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS["pointer"]))
-        for path in PATHS:
+        for path in ("pointer", "descriptor", "descriptor+store"):
             cfg = dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS[path])
             out = torch.empty_like(acc0)
             run_row(f"d hidden chunk GEMM [{path}]", lambda: matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg),
                     2 * N * H * C, lambda: torch.equal(matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg), ref))
         del d, acc0, ref, out
         torch.cuda.empty_cache()
-        # fwd+bwd: d logits x d hidden paths at the locked chunk, then the chunk sweep
-        for chunk_v in (LOCKED["linear_logp_dlogits"].chunk_v, 6144, 8192):
-            use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
-            ref_out = [x.clone() for x in fwd_bwd()]
-            combos = ([(dl, dh) for dl in PATHS for dh in PATHS] if chunk_v == LOCKED["linear_logp_dlogits"].chunk_v
-                      else [(None, None), ("descriptor", "descriptor")])
-            for dl, dh in combos:
+        # fwd+bwd: d logits x d hidden paths at the locked chunk
+        chunk_v = LOCKED["linear_logp_dlogits"].chunk_v
+        use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
+        ref_out = [x.clone() for x in fwd_bwd()]
+        desc_paths = ("descriptor", "descriptor+store")
+        for dl in desc_paths:
+            for dh in desc_paths:
                 use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
-                run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} d logits [{dl or 'locked'}] d hidden [{dh or 'locked'}]",
+                run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [{dl}] d hidden [{dh}]",
                         fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
-            del ref_out
-            torch.cuda.empty_cache()
+        use(fwd="descriptor, 4 stages", dlogits="descriptor+store", dhidden="descriptor+store", chunk_v=chunk_v)
+        run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [descriptor, 4 stages] d logits [descriptor+store] "
+                "d hidden [descriptor+store]", fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
+        del ref_out
+        torch.cuda.empty_cache()
+        # the widest chunk the budget allows, on the store paths
+        use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=8192)
+        ref_out = [x.clone() for x in fwd_bwd()]
+        use(dlogits="descriptor+store", dhidden="descriptor+store", chunk_v=8192)
+        run_row("fwd+bwd (+entropy) chunk_v=8192 fwd [locked] d logits [descriptor+store] d hidden [descriptor+store]",
+                fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
+        del ref_out
+        torch.cuda.empty_cache()
+        use()
+        kernel_breakdown("locked", fwd_bwd)
+        cublas_bound(h, w)
         choose_and_compare(h, w, t, gr, hl, wl)
+        kernel_breakdown("chosen", fwd_bwd)
         use()
     except Exception:  # noqa: BLE001
         report["errors"].append(traceback.format_exc())
