@@ -41,7 +41,6 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
-    tma_store: bool = False  # with persistent_tma: the epilogue's tile loads / stores through TMA descriptors
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.

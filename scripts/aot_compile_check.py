@@ -71,35 +71,27 @@ def cases():
                  target_local_ptr=_t(256, dtype=torch.int64), N=256, H=4096, V_local=1024, inv_t=1.0,
                  n_progs=132, HAS_BIAS=False, UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=fwd.block_m,
                  BLOCK_N=fwd.block_n, BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True)
-    for stages in (fwd.num_stages, 4):
-        out.append((f"linear_logp _tile_stats_kernel (descriptors, {stages} stages)", ll._tile_stats_kernel,
-                    dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True),
-                    fwd.num_warps, stages))
+    out.append(("linear_logp _tile_stats_kernel (descriptors; verified on the H200: control)", ll._tile_stats_kernel,
+                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True),
+                fwd.num_warps, fwd.num_stages))
     dl = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf)
     x = _t(256, dtype=f32)
-    d_buf = _t(256, 1024)
-    for tma_store in (False, True):
-        out.append((f"linear_logp _dlogits_kernel (descriptors, TMA_STORE={tma_store})", ll._dlogits_kernel,
-                    dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
-                         d_ptr=d_buf, stride_dn=1024, d_desc=TensorDescriptor.from_tensor(d_buf, [dl.block_m, dl.block_n]),
-                         dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
-                         WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
-                         GROUP_M=dl.group_m, TMA_STORE=tma_store), dl.num_warps, dl.num_stages))
+    out.append(("linear_logp _dlogits_kernel (descriptors; verified on the H200)", ll._dlogits_kernel,
+                dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
+                     d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
+                     WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
+                     GROUP_M=dl.group_m), dl.num_warps, dl.num_stages))
     dh = dataclass_replace(configs.lookup_matmul("linear_logp_dhidden", "sm90", bf), persistent_tma=True)
     d, wc = _t(256, 4096), _t(4096, 4096)
-    c_in, c_out = _t(256, 4096, dtype=f32), _t(256, 4096, dtype=f32)
-    quarter = [dh.block_m, dh.block_n // 4]
-    for tma_store in (False, True):
-        out.append((f"matmul _matmul_desc_kernel, d hidden tiles, fp32 accumulator, TMA_STORE={tma_store}",
-                    mm._matmul_desc_kernel,
-                    dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
-                         b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
-                         c_in_ptr=c_in, stride_cm=4096, out_ptr=c_out, stride_om=4096,
-                         c_desc=TensorDescriptor.from_tensor(c_in, quarter), out_desc=TensorDescriptor.from_tensor(c_out, quarter),
-                         bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
-                         ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, TMA_STORE=tma_store,
-                         BLOCK_M=dh.block_m, BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
-                    dh.num_warps, dh.num_stages))
+    out.append(("matmul _matmul_desc_kernel, linear_logp d hidden tiles, fp32 accumulator (verified on the H200)",
+                mm._matmul_desc_kernel,
+                dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
+                     b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
+                     c_in_ptr=_t(256, 4096, dtype=f32), stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32),
+                     stride_om=4096, bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
+                     ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, BLOCK_M=dh.block_m,
+                     BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
+                dh.num_warps, dh.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),

@@ -7,8 +7,9 @@ V=151936 bf16) and uses the fastest for the rest of the run (the report names th
 table in rlk_triton/configs.py is edited by hand from it). The benchmark runs, in one process:
 rlk_triton fwd and fwd+bwd, torch eager (matmul + log_softmax + gather), Liger fused linear cross
 entropy and Cut Cross-Entropy (exact and default filtering) when installed, with time, extra peak
-memory and the logp error on 64 rows against float64; and the matmul against torch.matmul (cuBLAS)
-at 8192^3 and LLM shapes, with a bitwise batch-invariance check of its rows.
+memory and the logp error on 64 rows against float64; the matmul against torch.matmul (cuBLAS)
+at 8192^3 and LLM shapes on both loading paths, with a bitwise batch-invariance check of its rows;
+and fwd+bwd against torch eager at other LM-head shapes (SHAPES).
 """
 import argparse
 import datetime
@@ -232,8 +233,15 @@ def benchmark(h, w, t, gr, competitors=True):
 
 
 def matmul_bench():
+    """The matmul against torch.matmul (cuBLAS), on the locked path and on the other one (pointer /
+    persistent descriptors), with the two paths' outputs compared bitwise."""
+    import dataclasses
+
     from rlk_triton.ops.matmul import matmul_into
 
+    locked = configs.lookup_matmul("matmul", "sm90", DT)
+    other = dataclasses.replace(locked, persistent_tma=not locked.persistent_tma)
+    other_name = "descriptor" if other.persistent_tma else "pointer"
     out = []
     for (m, n, k) in ((8192, 8192, 8192), (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
                       (8192, 151936, 4096)):
@@ -241,22 +249,65 @@ def matmul_bench():
             a = torch.randn(m, k, device="cuda", dtype=DT)
             b = torch.randn(k, n, device="cuda", dtype=DT)
             o = torch.empty(m, n, device="cuda", dtype=DT)
+            o2 = torch.empty_like(o)
             ms_ours = bench.median_ms(lambda: matmul_into(a, b, o))
+            ms_other = bench.median_ms(lambda: matmul_into(a, b, o2, cfg=other))
             ms_cublas = bench.median_ms(lambda: torch.matmul(a, b))
             # rows of a 7-row batch equal the same rows in the full batch, bitwise
             small = torch.empty(7, n, device="cuda", dtype=DT)
             matmul_into(a[100:107], b, small)
             matmul_into(a, b, o)
+            matmul_into(a, b, o2, cfg=other)
             inv = bool(torch.equal(small, o[100:107]))
             row = {"shape": [m, n, k], "ms": ms_ours, "ms_cublas": ms_cublas, "ratio_vs_cublas": ms_cublas / ms_ours,
-                   "tflops": 2 * m * n * k / ms_ours / 1e9, "row_invariant_7_vs_full": inv}
-            del a, b, o
+                   "tflops": 2 * m * n * k / ms_ours / 1e9, "row_invariant_7_vs_full": inv,
+                   f"ms_{other_name}": ms_other, f"ratio_vs_cublas_{other_name}": ms_cublas / ms_other,
+                   f"{other_name}_bitwise_equal": bool(torch.equal(o, o2))}
+            del a, b, o, o2
         except Exception as ex:  # noqa: BLE001
             row = {"shape": [m, n, k], "error": str(ex)[:300]}
         out.append(row)
         log(row)
         torch.cuda.empty_cache()
     report["matmul"] = out
+
+
+# Other LM-head shapes an RL trainer runs (tokens, hidden, vocab): fwd+bwd against torch eager.
+SHAPES = ((4096, 4096, 151936), (16384, 4096, 151936), (8192, 8192, 128256), (8192, 2048, 32000))
+
+
+def shapes_bench():
+    from rlk_triton.logp import linear_logp
+
+    out = []
+    for n, hd, v in SHAPES:
+        try:
+            g = torch.Generator(device="cuda").manual_seed(1)
+            hl = (torch.randn(n, hd, device="cuda", generator=g) * 0.5).to(DT).requires_grad_()
+            wl = (torch.randn(v, hd, device="cuda", generator=g) * 0.02).to(DT).requires_grad_()
+            t = torch.randint(0, v, (n,), device="cuda", generator=g)
+            gr = torch.randn(n, device="cuda", generator=g)
+
+            def ours():
+                hl.grad = wl.grad = None
+                (linear_logp(hl, wl, t, validate=False) * gr).sum().backward()
+
+            def eager():
+                hl.grad = wl.grad = None
+                lp = torch.log_softmax((hl @ wl.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
+                (lp * gr).sum().backward()
+
+            ms, ms_e = bench.median_ms(ours, rep_ms=300), bench.median_ms(eager, rep_ms=300)
+            row = {"N": n, "H": hd, "V": v, "ms": round(ms, 3), "ms_eager": round(ms_e, 3),
+                   "speed_vs_eager": round(ms_e / ms, 3), "tflops": round(8 * n * hd * v / ms / 1e9, 1),
+                   "peak_extra_gib": round(peak(ours), 3), "peak_extra_gib_eager": round(peak(eager), 3)}
+            del hl, wl
+        except Exception as ex:  # noqa: BLE001
+            row = {"N": n, "H": hd, "V": v, "error": str(ex)[:300]}
+        out.append(row)
+        log(row)
+        torch.cuda.empty_cache()
+    report["shapes_fwd_bwd"] = out
 
 
 def main():
@@ -280,6 +331,7 @@ def main():
         torch.cuda.empty_cache()
         if not args.quick:
             matmul_bench()
+            shapes_bench()
     except Exception:  # noqa: BLE001
         report["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

@@ -6,11 +6,9 @@ should lock, and the vocab chunk of the backward.
 At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
   - the forward (tile_stats) on pointer kernels, persistent descriptors, and descriptors with 4
     pipeline stages;
-  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers, descriptors, and
-    descriptors with the TMA epilogue (tma_store: C_in and out through descriptors);
-  - fwd+bwd for the combinations of the d logits and d hidden paths (descriptors with and without
-    tma_store) at the locked chunk, and the best one at chunk_v 8192, with the extra peak memory
-    (the issue's budget: 0.25 GiB);
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers and descriptors;
+  - fwd+bwd on pointers (the reference) and descriptors at the locked chunk and at chunk_v 8192,
+    with the extra peak memory (the issue's budget: 0.25 GiB);
   - a per-kernel breakdown (torch.profiler) of one fwd+bwd on the locked and the fastest choice;
   - the lower bound of any exact fused backward here: the four GEMM-sized products (logits twice,
     d hidden, d weight) on cuBLAS (torch.matmul), unfused;
@@ -42,10 +40,8 @@ from gpu_linear_logp import inputs  # the benchmark's inputs (scripts/ is on sys
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
-PATHS = {"pointer": dict(persistent_tma=False, tma_store=False),
-         "descriptor": dict(persistent_tma=True, tma_store=False),
-         "descriptor+store": dict(persistent_tma=True, tma_store=True),
-         "descriptor, 4 stages": dict(persistent_tma=True, tma_store=False, num_stages=4)}
+PATHS = {"pointer": dict(persistent_tma=False), "descriptor": dict(persistent_tma=True),
+         "descriptor, 4 stages": dict(persistent_tma=True, num_stages=4)}
 report = {"rows": [], "errors": []}
 
 
@@ -192,7 +188,7 @@ def main():
         return all(torch.equal(x, y) for x, y in zip(a, b))
 
     try:
-        # forward alone, on each path (tma_store does not touch the forward)
+        # forward alone, on each path
         use(fwd="pointer")
         ref_stats = op.tile_stats(h, w, None, tl_local, 1.0, True).clone()
         for path in ("pointer", "descriptor", "descriptor, 4 stages"):
@@ -207,36 +203,23 @@ def main():
         acc0 = torch.randn(N, H, device="cuda")
         ref = matmul_into(d, w[:C], torch.empty_like(acc0), c_in=acc0,
                           cfg=dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS["pointer"]))
-        for path in ("pointer", "descriptor", "descriptor+store"):
+        for path in ("pointer", "descriptor"):
             cfg = dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS[path])
             out = torch.empty_like(acc0)
             run_row(f"d hidden chunk GEMM [{path}]", lambda: matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg),
                     2 * N * H * C, lambda: torch.equal(matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg), ref))
         del d, acc0, ref, out
         torch.cuda.empty_cache()
-        # fwd+bwd: d logits x d hidden paths at the locked chunk
-        chunk_v = LOCKED["linear_logp_dlogits"].chunk_v
-        use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
-        ref_out = [x.clone() for x in fwd_bwd()]
-        desc_paths = ("descriptor", "descriptor+store")
-        for dl in desc_paths:
-            for dh in desc_paths:
-                use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
-                run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [{dl}] d hidden [{dh}]",
-                        fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
-        use(fwd="descriptor, 4 stages", dlogits="descriptor+store", dhidden="descriptor+store", chunk_v=chunk_v)
-        run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [descriptor, 4 stages] d logits [descriptor+store] "
-                "d hidden [descriptor+store]", fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
-        del ref_out
-        torch.cuda.empty_cache()
-        # the widest chunk the budget allows, on the store paths
-        use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=8192)
-        ref_out = [x.clone() for x in fwd_bwd()]
-        use(dlogits="descriptor+store", dhidden="descriptor+store", chunk_v=8192)
-        run_row("fwd+bwd (+entropy) chunk_v=8192 fwd [locked] d logits [descriptor+store] d hidden [descriptor+store]",
-                fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
-        del ref_out
-        torch.cuda.empty_cache()
+        # fwd+bwd on descriptors against the pointer kernels, at the locked chunk and the widest the
+        # budget allows
+        for chunk_v in (LOCKED["linear_logp_dlogits"].chunk_v, 8192):
+            use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
+            ref_out = [x.clone() for x in fwd_bwd()]
+            use(dlogits="descriptor", dhidden="descriptor", chunk_v=chunk_v)
+            run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [descriptor] d hidden [descriptor]",
+                    fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
+            del ref_out
+            torch.cuda.empty_cache()
         use()
         kernel_breakdown("locked", fwd_bwd)
         cublas_bound(h, w)

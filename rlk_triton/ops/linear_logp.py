@@ -125,15 +125,13 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
 def _dlogits_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr,
     row_max_ptr, row_logsum_ptr, entropy_ptr, grad_logp_ptr, grad_entropy_ptr,
-    d_ptr, stride_dn, d_desc, dbias_part_ptr, stride_pb,
+    d_ptr, stride_dn, dbias_part_ptr, stride_pb,
     N, H, V_local, c0, chunk_width, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr, TMA_STORE: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
-    # Work items and programs as in _tile_stats_kernel, over this chunk's columns. TMA_STORE: the
-    # d_logits tile leaves through d_desc (over the chunk's [N, width] columns: out-of-range rows and
-    # columns are dropped, as the mask does) instead of pointer stores from the dot's register layout.
+    # Work items and programs as in _tile_stats_kernel, over this chunk's columns.
     for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * tl.cdiv(chunk_width, BLOCK_N), n_progs,
                          flatten=DESC):
         pid_m, pid_n = grouped_tile(item, N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
@@ -156,11 +154,8 @@ def _dlogits_kernel(
             ent = tl.load(entropy_ptr + r)[:, None]
             dz -= ge * tl.where(p > 0.0, p * (log_p + ent), 0.0)
         dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
-        if TMA_STORE:
-            d_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], dz.to(d_desc.dtype))
-        else:
-            tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
-                     dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
+                 dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
         if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
             tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
 
@@ -273,24 +268,17 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
         c0 = c * C
         width = min(C, V_local - c0)
         x_desc, w_desc, n_progs, desc = _operands(cfg, hidden, weight, n_row_blocks * triton.cdiv(width, cfg.block_n))
-        d = d_logits[:, :width]
-        tma_store = desc and cfg.tma_store and tma_ready(d)
-        if tma_store:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            d_desc = TensorDescriptor.from_tensor(d, [cfg.block_m, cfg.block_n])
         _dlogits_kernel[(n_progs,)](
             hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
             target_local, row_max, row_logsum, entropy if with_h else row_max,
             grad_logp, grad_entropy if with_h else grad_logp,
-            d_logits, d_logits.stride(0), d_desc if tma_store else x_desc,
-            dbias_part, dbias_part.stride(0) if bias is not None else 0,
+            d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
             N, H, V_local, c0, width, 1.0 / temperature, n_progs,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DESC=desc, TMA_STORE=tma_store, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+        d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
         last = c == n_chunks - 1
         if last and final:

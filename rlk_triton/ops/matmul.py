@@ -134,54 +134,24 @@ def _store_tile(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, 
 
 
 @triton.jit
-def _store_tile_desc(acc, c_desc, out_desc, bias_ptr, m0, n0, N,
-                     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """_store_tile through TMA descriptors (blocks [BLOCK_M, BLOCK_N]): the same additions in the same
-    order; out-of-range C_in loads as zero and out-of-range stores are dropped, as the masks do."""
-    if ACCUMULATE:
-        acc = c_desc.load([m0, n0]) + acc
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + (n0 + tl.arange(0, BLOCK_N)) % N).to(tl.float32)[None, :]
-    out_desc.store([m0, n0], acc.to(out_desc.dtype))
-
-
-@triton.jit
-def _column_halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """x [BLOCK_M, BLOCK_N] as its left and right [BLOCK_M, BLOCK_N / 2] halves."""
-    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-
-
-@triton.jit
 def _matmul_desc_kernel(
-    a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, c_desc, out_desc, bias_ptr, M, N, K, n_progs,
+    a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    TMA_STORE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
-    # the next tile's loads overlap this tile's epilogue). The epilogue is elementwise, so it may go
-    # in column pieces, the same bits, to fit shared memory: two halves from the registers; with
-    # TMA_STORE (C_in and out through descriptors c_desc / out_desc, blocks [BLOCK_M, BLOCK_N / 4])
-    # four quarters, as each piece is staged in shared memory both ways.
+    # the next tile's loads overlap this tile's epilogue). The epilogue goes in two column halves,
+    # which halves the shared memory its layout change needs; elementwise, so the same bits.
     for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=True):
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, False, UPCAST, IEEE)
-        left, right = _column_halves(acc, BLOCK_M, BLOCK_N)
-        if TMA_STORE:
-            Q: tl.constexpr = BLOCK_N // 4
-            q0, q1 = _column_halves(left, BLOCK_M, BLOCK_N // 2)
-            q2, q3 = _column_halves(right, BLOCK_M, BLOCK_N // 2)
-            _store_tile_desc(q0, c_desc, out_desc, bias_ptr, m0, n0, N, ACCUMULATE, HAS_BIAS, Q)
-            _store_tile_desc(q1, c_desc, out_desc, bias_ptr, m0, n0 + Q, N, ACCUMULATE, HAS_BIAS, Q)
-            _store_tile_desc(q2, c_desc, out_desc, bias_ptr, m0, n0 + 2 * Q, N, ACCUMULATE, HAS_BIAS, Q)
-            _store_tile_desc(q3, c_desc, out_desc, bias_ptr, m0, n0 + 3 * Q, N, ACCUMULATE, HAS_BIAS, Q)
-        else:
-            _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
-            _store_tile(right, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + BLOCK_N // 2, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
+        _store_tile(right, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + BLOCK_N // 2, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
 
 
 _SM_COUNT: dict = {}
@@ -198,9 +168,9 @@ def persistent_programs(device: torch.device, n_items: int) -> int:
     return max(1, min(n_items, _SM_COUNT[index]))
 
 
-def tma_ready(*tensors: torch.Tensor, dtypes=(torch.bfloat16, torch.float16)) -> bool:
-    """TMA descriptors need (here) operands of `dtypes`, a unit last stride, 16-byte aligned rows and bases."""
-    return all(t.dtype in dtypes and t.dim() == 2 and t.stride(1) == 1
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases."""
+    return all(t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
                and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
 
 
@@ -215,8 +185,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
-    allow it (tma_ready), else the pointer kernel: the same bits either way. A config with tma_store
-    also reads C_in and writes out through descriptors when they allow it.
+    allow it (tma_ready, unit-stride out / c_in), else the pointer kernel: the same bits either way.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -234,17 +203,11 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
 
         n_items = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         n_progs = persistent_programs(a.device, n_items)
-        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-        tma_store = cfg.tma_store and tma_ready(c, out, dtypes=(torch.bfloat16, torch.float16, torch.float32))
-        quarter = [cfg.block_m, cfg.block_n // 4]
         _matmul_desc_kernel[(n_progs,)](
-            a_desc, TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
-            c, c.stride(0), out, out.stride(0),
-            TensorDescriptor.from_tensor(c, quarter) if tma_store else a_desc,
-            TensorDescriptor.from_tensor(out, quarter) if tma_store else a_desc,
-            bias if bias is not None else out, M, N, K, n_progs,
+            TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
+            c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee,
-            TMA_STORE=tma_store,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
