@@ -272,8 +272,10 @@ def matmul_bench():
     report["matmul"] = out
 
 
-# Other LM-head shapes an RL trainer runs (tokens, hidden, vocab): fwd+bwd against torch eager.
-SHAPES = ((4096, 4096, 151936), (16384, 4096, 151936), (8192, 8192, 128256), (8192, 2048, 32000))
+# Other LM-head shapes an RL trainer runs (tokens, hidden, vocab): fwd+bwd against torch eager, and
+# from a CUDA graph (the GPU work alone: a small micro-batch may be bound by the host's launches).
+SHAPES = ((1024, 4096, 151936), (4096, 4096, 151936), (16384, 4096, 151936), (8192, 8192, 128256),
+          (8192, 2048, 32000))
 
 
 def shapes_bench():
@@ -301,6 +303,10 @@ def shapes_bench():
             row = {"N": n, "H": hd, "V": v, "ms": round(ms, 3), "ms_eager": round(ms_e, 3),
                    "speed_vs_eager": round(ms_e / ms, 3), "tflops": round(8 * n * hd * v / ms / 1e9, 1),
                    "peak_extra_gib": round(peak(ours), 3), "peak_extra_gib_eager": round(peak(eager), 3)}
+            try:
+                row["graph_ms"] = round(bench.graph_ms(ours, rep_ms=300), 3)
+            except Exception as ex:  # noqa: BLE001 - a capture failure is recorded, not fatal
+                row["graph_error"] = str(ex)[:200]
             del hl, wl
         except Exception as ex:  # noqa: BLE001
             row = {"N": n, "H": hd, "V": v, "error": str(ex)[:300]}
