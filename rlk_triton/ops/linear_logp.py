@@ -180,18 +180,22 @@ def chunk_count(V_local: int, chunk_v: int) -> int:
     return triton.cdiv(V_local, chunk_v)
 
 
-def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Tensor, n_items: int):
-    """(x_desc, w_desc, n_progs, DESC) for the fused kernels. The descriptor path needs a config that
-    asks for it and TMA-compatible operands (matmul.tma_ready); otherwise the pointer path, which
-    gives the same bits, one program per work item."""
+def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Tensor):
+    """(x_desc, w_desc, DESC) for the fused kernels. The descriptor path needs a config that asks for
+    it and TMA-compatible operands (matmul.tma_ready); otherwise the pointer path, which gives the
+    same bits, one program per work item. Built once per call: every vocab chunk reuses them."""
     if not (cfg.persistent_tma and tma_ready(hidden, weight)):
-        return hidden, weight, n_items, False
+        return hidden, weight, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    n_progs = persistent_programs(hidden.device, n_items)
     x_desc = TensorDescriptor.from_tensor(hidden, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
-    return x_desc, w_desc, n_progs, True
+    return x_desc, w_desc, True
+
+
+def _programs(desc: bool, device: torch.device, n_items: int) -> int:
+    """Programs of a fused launch: persistent (one per SM) on the descriptor path, else one per item."""
+    return persistent_programs(device, n_items) if desc else n_items
 
 
 def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
@@ -204,7 +208,8 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
     if N == 0 or n_tiles == 0:
         return stats
     upcast, ieee = operand_flags(hidden.dtype)
-    x_desc, w_desc, n_progs, desc = _operands(cfg, hidden, weight, triton.cdiv(N, cfg.block_m) * n_tiles)
+    x_desc, w_desc, desc = _operands(cfg, hidden, weight)
+    n_progs = _programs(desc, hidden.device, triton.cdiv(N, cfg.block_m) * n_tiles)
     _tile_stats_kernel[(n_progs,)](
         hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
         target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
@@ -263,11 +268,12 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     upcast, ieee = operand_flags(dt)
     mm_cfg = configs.lookup_matmul("matmul", arch_of(dev), dt)
     dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch_of(dev), dt)
+    x_desc, w_desc, desc = _operands(cfg, hidden, weight)
     acc = acc_in
     for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
         c0 = c * C
         width = min(C, V_local - c0)
-        x_desc, w_desc, n_progs, desc = _operands(cfg, hidden, weight, n_row_blocks * triton.cdiv(width, cfg.block_n))
+        n_progs = _programs(desc, dev, n_row_blocks * triton.cdiv(width, cfg.block_n))
         _dlogits_kernel[(n_progs,)](
             hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
             target_local, row_max, row_logsum, entropy if with_h else row_max,
