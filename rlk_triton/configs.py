@@ -145,9 +145,12 @@ def _matmul_rows():
     t = {}
     for arch in ("sm90", "cuda"):
         for dt in ("bfloat16", "float16"):
-            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3)
             # TMA descriptors exist from sm90 (Hopper) on: the generic CUDA rows keep the pointer path.
             tma = arch == "sm90"
+            # The matmul on its persistent descriptor kernel where the operands allow it: 0.97-1.02x
+            # cuBLAS against 0.83-0.94x on pointers at 8192^3 and LLM shapes, the same bits
+            # (docs/reports/h200-round6-2026-12-03.json).
+            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
                                                                        persistent_tma=tma)

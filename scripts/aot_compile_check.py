@@ -89,9 +89,19 @@ def cases():
                      b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
                      c_in_ptr=_t(256, 4096, dtype=f32), stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32),
                      stride_om=4096, bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
-                     ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, BLOCK_M=dh.block_m,
+                     ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, B_T=False, BLOCK_M=dh.block_m,
                      BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
                 dh.num_warps, dh.num_stages))
+    mm_cfg = dataclass_replace(configs.lookup_matmul("matmul", "sm90", bf), persistent_tma=True)
+    x, wt = _t(256, 4096), _t(4096, 4096)
+    out.append(("matmul _matmul_desc_kernel, matmul tiles, b = weight.t() (B_T), bf16 out",
+                mm._matmul_desc_kernel,
+                dict(a_desc=TensorDescriptor.from_tensor(x, [mm_cfg.block_m, mm_cfg.block_k]),
+                     b_desc=TensorDescriptor.from_tensor(wt, [mm_cfg.block_n, mm_cfg.block_k]),
+                     c_in_ptr=x, stride_cm=4096, out_ptr=_t(256, 4096), stride_om=4096, bias_ptr=_t(4096), M=256,
+                     N=4096, K=4096, n_progs=132, ACCUMULATE=False, HAS_BIAS=True, UPCAST=False, IEEE=False,
+                     B_T=True, BLOCK_M=mm_cfg.block_m, BLOCK_N=mm_cfg.block_n, BLOCK_K=mm_cfg.block_k,
+                     GROUP_M=mm_cfg.group_m), mm_cfg.num_warps, mm_cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),

@@ -234,7 +234,8 @@ def benchmark(h, w, t, gr, competitors=True):
 
 def matmul_bench():
     """The matmul against torch.matmul (cuBLAS), on the locked path and on the other one (pointer /
-    persistent descriptors), with the two paths' outputs compared bitwise."""
+    persistent descriptors), with the two paths' outputs compared bitwise; b as a row-major [K, N]
+    and as a linear layer's weight.t()."""
     import dataclasses
 
     from rlk_triton.ops.matmul import matmul_into
@@ -245,30 +246,34 @@ def matmul_bench():
     out = []
     for (m, n, k) in ((8192, 8192, 8192), (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
                       (8192, 151936, 4096)):
-        try:
-            a = torch.randn(m, k, device="cuda", dtype=DT)
-            b = torch.randn(k, n, device="cuda", dtype=DT)
-            o = torch.empty(m, n, device="cuda", dtype=DT)
-            o2 = torch.empty_like(o)
-            ms_ours = bench.median_ms(lambda: matmul_into(a, b, o))
-            ms_other = bench.median_ms(lambda: matmul_into(a, b, o2, cfg=other))
-            ms_cublas = bench.median_ms(lambda: torch.matmul(a, b))
-            # rows of a 7-row batch equal the same rows in the full batch, bitwise
-            small = torch.empty(7, n, device="cuda", dtype=DT)
-            matmul_into(a[100:107], b, small)
-            matmul_into(a, b, o)
-            matmul_into(a, b, o2, cfg=other)
-            inv = bool(torch.equal(small, o[100:107]))
-            row = {"shape": [m, n, k], "ms": ms_ours, "ms_cublas": ms_cublas, "ratio_vs_cublas": ms_cublas / ms_ours,
-                   "tflops": 2 * m * n * k / ms_ours / 1e9, "row_invariant_7_vs_full": inv,
-                   f"ms_{other_name}": ms_other, f"ratio_vs_cublas_{other_name}": ms_cublas / ms_other,
-                   f"{other_name}_bitwise_equal": bool(torch.equal(o, o2))}
-            del a, b, o, o2
-        except Exception as ex:  # noqa: BLE001
-            row = {"shape": [m, n, k], "error": str(ex)[:300]}
-        out.append(row)
-        log(row)
-        torch.cuda.empty_cache()
+        for layout in ("b [K, N]", "b = weight.t()"):
+            try:
+                a = torch.randn(m, k, device="cuda", dtype=DT)
+                b = torch.randn(k, n, device="cuda", dtype=DT)
+                if layout != "b [K, N]":
+                    b = b.t().contiguous().t()
+                o = torch.empty(m, n, device="cuda", dtype=DT)
+                o2 = torch.empty_like(o)
+                ms_ours = bench.median_ms(lambda: matmul_into(a, b, o))
+                ms_other = bench.median_ms(lambda: matmul_into(a, b, o2, cfg=other))
+                ms_cublas = bench.median_ms(lambda: torch.matmul(a, b))
+                # rows of a 7-row batch equal the same rows in the full batch, bitwise
+                small = torch.empty(7, n, device="cuda", dtype=DT)
+                matmul_into(a[100:107], b, small)
+                matmul_into(a, b, o)
+                matmul_into(a, b, o2, cfg=other)
+                inv = bool(torch.equal(small, o[100:107]))
+                row = {"shape": [m, n, k], "layout": layout, "ms": ms_ours, "ms_cublas": ms_cublas,
+                       "ratio_vs_cublas": ms_cublas / ms_ours, "tflops": 2 * m * n * k / ms_ours / 1e9,
+                       "row_invariant_7_vs_full": inv, f"ms_{other_name}": ms_other,
+                       f"ratio_vs_cublas_{other_name}": ms_cublas / ms_other,
+                       f"{other_name}_bitwise_equal": bool(torch.equal(o, o2))}
+                del a, b, o, o2
+            except Exception as ex:  # noqa: BLE001
+                row = {"shape": [m, n, k], "layout": layout, "error": str(ex)[:300]}
+            out.append(row)
+            log(row)
+            torch.cuda.empty_cache()
     report["matmul"] = out
 
 
@@ -322,6 +327,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--quick", action="store_true", help="ours and torch eager only (no Liger / CCE / matmul)")
+    ap.add_argument("--matmul-only", action="store_true", help="only the matmul against cuBLAS")
     args = ap.parse_args()
     report.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), commit=args.commit,
@@ -333,9 +339,14 @@ def main():
             sweep(h, w, t, gr)
         report["configs_used"] = {k: configs.lookup_matmul(k, "sm90", DT).__dict__
                                   for k in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden", "matmul")}
-        benchmark(h, w, t, gr, competitors=not args.quick)
-        torch.cuda.empty_cache()
-        if not args.quick:
+        if args.matmul_only:
+            del h, w
+            torch.cuda.empty_cache()
+            matmul_bench()
+        else:
+            benchmark(h, w, t, gr, competitors=not args.quick)
+            torch.cuda.empty_cache()
+        if not args.quick and not args.matmul_only:
             matmul_bench()
             shapes_bench()
     except Exception:  # noqa: BLE001

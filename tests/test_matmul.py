@@ -69,7 +69,8 @@ def test_typed_errors(device):
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
     """matmul_into's persistent TMA-descriptor kernel changes loading and scheduling only: with
-    C_in accumulation, a bias, and tails in M, N and K, every output bit equals the pointer kernel's."""
+    C_in accumulation, a bias, a transposed b (weight.t()), and tails in M, N and K, every output bit
+    equals the pointer kernel's."""
     import dataclasses
 
     from rlk_triton import configs
@@ -85,8 +86,11 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
     assert tma_ready(a, b)
     base = configs.lookup_matmul("matmul", arch_of(torch.device(device)), dtype)
     outs = []
+    w = b.t().contiguous()  # a linear layer's weight [N, K]: b = w.t() reaches the kernel as B^T
     for flag in (False, True):
         cfg = dataclasses.replace(base, persistent_tma=flag)
         outs.append((matmul_into(a, b, torch.empty(M, N, device=device), c_in=c_in, cfg=cfg, bias=bias),
-                     matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg)))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+                     matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg),
+                     matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=dtype), cfg=cfg, bias=bias)))
+    for x, y in zip(*outs):
+        assert torch.equal(x, y)

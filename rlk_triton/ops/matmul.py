@@ -137,8 +137,9 @@ def _store_tile(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, 
 def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
+    # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
     # the next tile's loads overlap this tile's epilogue). The epilogue goes in two column halves,
     # which halves the shared memory its layout change needs; elementwise, so the same bits.
@@ -146,7 +147,7 @@ def _matmul_desc_kernel(
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, False, UPCAST, IEEE)
+        acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
                     ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
@@ -185,7 +186,9 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
-    allow it (tma_ready, unit-stride out / c_in), else the pointer kernel: the same bits either way.
+    allow it (tma_ready, unit-stride out / c_in; a `b` that is a transposed row-major matrix, such as
+    weight.t(), is read through a descriptor over weight), else the pointer kernel: the same bits
+    either way.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -198,16 +201,18 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype)
     upcast, ieee = operand_flags(a.dtype)
     c = c_in if c_in is not None else out
-    if cfg.persistent_tma and tma_ready(a, b) and out.stride(1) == 1 and c.stride(1) == 1:
+    b_t = b.stride(0) == 1 and b.stride(1) != 1
+    b_rows = b.t() if b_t else b  # the operand as its descriptor sees it: unit last stride
+    if cfg.persistent_tma and tma_ready(a, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         n_items = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         n_progs = persistent_programs(a.device, n_items)
         _matmul_desc_kernel[(n_progs,)](
             TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
-            TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n]),
+            TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
-            ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee,
+            ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
