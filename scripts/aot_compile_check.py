@@ -1,7 +1,7 @@
 """Compile kernels for the H200 (sm90) on a machine without a GPU, with their locked configs, and
-report each one's shared memory against the H200's per-block limit: a check that a kernel change
-builds for the real target before device time is spent on it. It does not run anything: speed and
-bits still need the GPU.
+report each one's shared memory against the H200's per-block limit and its register spills (ptxas
+-v): a check that a kernel change builds for the real target before device time is spent on it.
+It does not run anything: speed and bits still need the GPU.
 
     python scripts/aot_compile_check.py [--out report.json]
 
@@ -11,7 +11,10 @@ a kernel fails to compile or needs more shared memory than the H200 has.
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
 
 os.environ.pop("TRITON_INTERPRET", None)  # real JIT functions, not the interpreter's
@@ -30,7 +33,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
-    """(shared bytes, None) or (None, error) for kernel with every argument given by name."""
+    """(shared bytes, spill bytes, None) or (None, None, error) for kernel with every argument given by
+    name. Spill bytes: the spill stores per thread that ptxas -v reports for the kernel's PTX."""
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
     sig, consts = {}, {}
     for p in fn.params:
@@ -43,9 +47,24 @@ def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
     try:
         c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
                            options={"num_warps": num_warps, "num_stages": num_stages})
-        return c.metadata.shared, None
     except Exception as ex:  # noqa: BLE001 - reported
-        return None, f"{type(ex).__name__}: {str(ex)[:400]}"
+        return None, None, f"{type(ex).__name__}: {str(ex)[:400]}"
+    return c.metadata.shared, ptxas_spill_bytes(c.asm["ptx"]), None
+
+
+def ptxas_spill_bytes(ptx: str):
+    """Spill-store bytes per thread of a PTX module for sm_90a (ptxas -v), or None if unavailable."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True)
+    m = re.search(r"(\d+) bytes spill stores", out.stdout + out.stderr)
+    return int(m.group(1)) if m else None
 
 
 def _t(*shape, dtype=torch.bfloat16):
@@ -71,37 +90,40 @@ def cases():
                  target_local_ptr=_t(256, dtype=torch.int64), N=256, H=4096, V_local=1024, inv_t=1.0,
                  n_progs=132, HAS_BIAS=False, UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=fwd.block_m,
                  BLOCK_N=fwd.block_n, BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True)
-    out.append(("linear_logp _tile_stats_kernel (descriptors; verified on the H200: control)", ll._tile_stats_kernel,
+    out.append(("linear_logp _tile_stats_kernel (descriptors)", ll._tile_stats_kernel,
                 dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True),
                 fwd.num_warps, fwd.num_stages))
     dl = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf)
     x = _t(256, dtype=f32)
-    out.append(("linear_logp _dlogits_kernel (descriptors; verified on the H200)", ll._dlogits_kernel,
-                dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
-                     d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
-                     WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
-                     GROUP_M=dl.group_m), dl.num_warps, dl.num_stages))
-    dh = dataclass_replace(configs.lookup_matmul("linear_logp_dhidden", "sm90", bf), persistent_tma=True)
+    for split in (1, 4):
+        out.append((f"linear_logp _dlogits_kernel (descriptors, epilogue in {split})", ll._dlogits_kernel,
+                    dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
+                         d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
+                         WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
+                         GROUP_M=dl.group_m, SPLIT=split), dl.num_warps, dl.num_stages))
+    dh = configs.lookup_matmul("linear_logp_dhidden", "sm90", bf)
     d, wc = _t(256, 4096), _t(4096, 4096)
-    out.append(("matmul _matmul_desc_kernel, linear_logp d hidden tiles, fp32 accumulator (verified on the H200)",
-                mm._matmul_desc_kernel,
-                dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
-                     b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
-                     c_in_ptr=_t(256, 4096, dtype=f32), stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32),
-                     stride_om=4096, bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
-                     ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, B_T=False, BLOCK_M=dh.block_m,
-                     BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
-                dh.num_warps, dh.num_stages))
-    mm_cfg = dataclass_replace(configs.lookup_matmul("matmul", "sm90", bf), persistent_tma=True)
-    x, wt = _t(256, 4096), _t(4096, 4096)
-    out.append(("matmul _matmul_desc_kernel, matmul tiles, b = weight.t() (B_T), bf16 out",
-                mm._matmul_desc_kernel,
-                dict(a_desc=TensorDescriptor.from_tensor(x, [mm_cfg.block_m, mm_cfg.block_k]),
-                     b_desc=TensorDescriptor.from_tensor(wt, [mm_cfg.block_n, mm_cfg.block_k]),
-                     c_in_ptr=x, stride_cm=4096, out_ptr=_t(256, 4096), stride_om=4096, bias_ptr=_t(4096), M=256,
-                     N=4096, K=4096, n_progs=132, ACCUMULATE=False, HAS_BIAS=True, UPCAST=False, IEEE=False,
-                     B_T=True, BLOCK_M=mm_cfg.block_m, BLOCK_N=mm_cfg.block_n, BLOCK_K=mm_cfg.block_k,
-                     GROUP_M=mm_cfg.group_m), mm_cfg.num_warps, mm_cfg.num_stages))
+    for split in (2, 4):
+        out.append((f"matmul _matmul_desc_kernel, d hidden tiles, fp32 accumulator, epilogue in {split}",
+                    mm._matmul_desc_kernel,
+                    dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
+                         b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
+                         c_in_ptr=_t(256, 4096, dtype=f32), stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32),
+                         stride_om=4096, bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
+                         ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, B_T=False, SPLIT=split,
+                         BLOCK_M=dh.block_m, BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
+                    dh.num_warps, dh.num_stages))
+    mm_cfg = configs.lookup_matmul("matmul", "sm90", bf)
+    x2, wt = _t(256, 4096), _t(4096, 4096)
+    for split in (2, 4):
+        out.append((f"matmul _matmul_desc_kernel, matmul tiles, b = weight.t() (B_T), bf16 out, epilogue in {split}",
+                    mm._matmul_desc_kernel,
+                    dict(a_desc=TensorDescriptor.from_tensor(x2, [mm_cfg.block_m, mm_cfg.block_k]),
+                         b_desc=TensorDescriptor.from_tensor(wt, [mm_cfg.block_n, mm_cfg.block_k]),
+                         c_in_ptr=x2, stride_cm=4096, out_ptr=_t(256, 4096), stride_om=4096, bias_ptr=_t(4096),
+                         M=256, N=4096, K=4096, n_progs=132, ACCUMULATE=False, HAS_BIAS=True, UPCAST=False,
+                         IEEE=False, B_T=True, SPLIT=split, BLOCK_M=mm_cfg.block_m, BLOCK_N=mm_cfg.block_n,
+                         BLOCK_K=mm_cfg.block_k, GROUP_M=mm_cfg.group_m), mm_cfg.num_warps, mm_cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
@@ -146,14 +168,15 @@ def main():
     rows, ok = [], True
     for name, kernel, kargs, warps, stages in cases():
         try:
-            shared, err = compile_for_sm90(kernel, kargs, warps, stages)
+            shared, spills, err = compile_for_sm90(kernel, kargs, warps, stages)
         except Exception:  # noqa: BLE001 - a broken case is a failure of the check, reported
-            shared, err = None, traceback.format_exc()[-600:]
+            shared, spills, err = None, None, traceback.format_exc()[-600:]
         fits = shared is not None and shared <= H200_SMEM_PER_BLOCK
         ok &= fits
         rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
-                     "fits_h200": fits, "error": err})
-        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B" + (f"  {err}" if err else ""), flush=True)
+                     "spill_store_bytes": spills, "fits_h200": fits, "error": err})
+        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B"
+              + (f"  {err}" if err else ""), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"triton": triton.__version__, "target": "cuda sm90", "smem_limit": H200_SMEM_PER_BLOCK,

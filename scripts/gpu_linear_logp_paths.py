@@ -1,22 +1,23 @@
-"""linear_logp's GEMM paths on a GPU, in one run: which loading / scheduling path each fused kernel
-should lock, and the vocab chunk of the backward.
+"""linear_logp's GEMM paths on a GPU, in one run: which loading / scheduling path and epilogue split
+each fused kernel should lock.
 
-  python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA]
+  python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA] [--bound]
 
 At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
-  - the forward (tile_stats) on pointer kernels, persistent descriptors, and descriptors with 4
-    pipeline stages;
-  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers and descriptors;
-  - fwd+bwd on pointers (the reference) and descriptors at the locked chunk and at chunk_v 8192,
+  - the forward (tile_stats) on pointer kernels and persistent descriptors;
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers and on descriptors
+    with the epilogue in halves and in quarters (configs epilogue_split);
+  - fwd+bwd with the d logits epilogue whole or in quarters and d hidden's in halves or quarters,
     with the extra peak memory (the issue's budget: 0.25 GiB);
-  - a per-kernel breakdown (torch.profiler) of one fwd+bwd on the locked and the fastest choice;
-  - the lower bound of any exact fused backward here: the four GEMM-sized products (logits twice,
-    d hidden, d weight) on cuBLAS (torch.matmul), unfused;
+  - a per-kernel breakdown (torch.profiler) of one fwd+bwd on the locked table;
+  - with --bound, the lower bound of any exact fused backward here: the four GEMM-sized products
+    (logits twice, d hidden, d weight) on cuBLAS (torch.matmul), unfused;
   - then the issue's benchmark (logp, fwd and fwd+bwd) on the fastest bitwise-verified choice
     against torch eager in the same run (the "chosen" rows; lock that choice in configs.py).
 Every path must give bitwise the same logp, entropy, d hidden and d weight as the pointer kernels
-at the same chunk_v (the paths change loading and scheduling, never a tile's K order): a row
-records `bitwise_vs_pointer`, and a path that differs must not be locked.
+with whole-tile epilogues (the paths change loading, scheduling and how an elementwise epilogue is
+cut, never a tile's K order): a row records `bitwise_vs_pointer`, and a path that differs must
+not be locked.
 """
 import argparse
 import dataclasses
@@ -40,8 +41,10 @@ from gpu_linear_logp import inputs  # the benchmark's inputs (scripts/ is on sys
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
-PATHS = {"pointer": dict(persistent_tma=False), "descriptor": dict(persistent_tma=True),
-         "descriptor, 4 stages": dict(persistent_tma=True, num_stages=4)}
+PATHS = {"pointer": dict(persistent_tma=False, epilogue_split=1), "descriptor": dict(persistent_tma=True),
+         "descriptor, whole epilogue": dict(persistent_tma=True, epilogue_split=1),
+         "descriptor, epilogue in 2": dict(persistent_tma=True, epilogue_split=2),
+         "descriptor, epilogue in 4": dict(persistent_tma=True, epilogue_split=4)}
 report = {"rows": [], "errors": []}
 
 
@@ -168,6 +171,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--bound", action="store_true", help="also time the cuBLAS four-GEMM bound")
     args = ap.parse_args()
     report.update(out=args.out, device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), commit=args.commit, date=datetime.date.today().isoformat(),
@@ -191,7 +195,7 @@ def main():
         # forward alone, on each path
         use(fwd="pointer")
         ref_stats = op.tile_stats(h, w, None, tl_local, 1.0, True).clone()
-        for path in ("pointer", "descriptor", "descriptor, 4 stages"):
+        for path in ("pointer", "descriptor"):
             use(fwd=path)
             run_row(f"fwd tile_stats [{path}]", lambda: op.tile_stats(h, w, None, tl_local, 1.0, True), FLOPS,
                     lambda: torch.equal(op.tile_stats(h, w, None, tl_local, 1.0, True), ref_stats))
@@ -203,28 +207,31 @@ def main():
         acc0 = torch.randn(N, H, device="cuda")
         ref = matmul_into(d, w[:C], torch.empty_like(acc0), c_in=acc0,
                           cfg=dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS["pointer"]))
-        for path in ("pointer", "descriptor"):
+        for path in ("pointer", "descriptor, epilogue in 2", "descriptor, epilogue in 4"):
             cfg = dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS[path])
             out = torch.empty_like(acc0)
             run_row(f"d hidden chunk GEMM [{path}]", lambda: matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg),
                     2 * N * H * C, lambda: torch.equal(matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg), ref))
         del d, acc0, ref, out
         torch.cuda.empty_cache()
-        # fwd+bwd on descriptors against the pointer kernels, at the locked chunk and the widest the
-        # budget allows
-        for chunk_v in (LOCKED["linear_logp_dlogits"].chunk_v, 8192):
-            use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
-            ref_out = [x.clone() for x in fwd_bwd()]
-            use(dlogits="descriptor", dhidden="descriptor", chunk_v=chunk_v)
-            run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [descriptor] d hidden [descriptor]",
+        # fwd+bwd: the d logits and d hidden epilogue splits against the pointer kernels
+        chunk_v = LOCKED["linear_logp_dlogits"].chunk_v
+        use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
+        ref_out = [x.clone() for x in fwd_bwd()]
+        for dl, dh in (("descriptor, whole epilogue", "descriptor, epilogue in 2"),
+                       ("descriptor, epilogue in 4", "descriptor, epilogue in 2"),
+                       ("descriptor, whole epilogue", "descriptor, epilogue in 4"),
+                       ("descriptor, epilogue in 4", "descriptor, epilogue in 4")):
+            use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
+            run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [{dl}] d hidden [{dh}]",
                     fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
-            del ref_out
-            torch.cuda.empty_cache()
+        del ref_out
+        torch.cuda.empty_cache()
         use()
         kernel_breakdown("locked", fwd_bwd)
-        cublas_bound(h, w)
+        if args.bound:
+            cublas_bound(h, w)
         choose_and_compare(h, w, t, gr, hl, wl)
-        kernel_breakdown("chosen", fwd_bwd)
         use()
     except Exception:  # noqa: BLE001
         report["errors"].append(traceback.format_exc())

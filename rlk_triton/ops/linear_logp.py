@@ -27,8 +27,8 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import (dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags, persistent_programs,
-                     tma_ready)
+from .matmul import (column_halves, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
+                     persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
@@ -78,9 +78,10 @@ def _tile_stats_kernel(
                                       tl.zeros((BLOCK_M,), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
                                       WITH_ENTROPY)
         target = tl.load(target_local_ptr + rm, mask=row_ok, other=-1)
-        is_target = cols[None, :] == target[:, None]
-        tz = tl.sum(tl.where(is_target, z, 0.0), 1)  # one lane at most: exact
-        hit = tl.sum(is_target.to(tl.float32), 1)
+        tz = tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), 1)  # one lane at most: exact
+        # the count of cols == target as a range test: one tile-sized temporary less, which keeps
+        # the epilogue within the 255 registers of a thread (ptxas: 2308 spill bytes -> 0)
+        hit = ((target >= tile * BLOCK_N) & (target < tile * BLOCK_N + BLOCK_N)).to(tl.float32)
         out = stats_ptr + tile.to(tl.int64) * N + rm
         plane = n_tiles.to(tl.int64) * N
         tl.store(out, m, mask=row_ok)
@@ -121,6 +122,26 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
         tl.store(entropy_ptr + rows, log_s - t / s, mask=ok)
 
 
+@triton.jit
+def _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                   d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m,
+                   HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr):
+    """d_logits for the columns `local` (inside the chunk) of a row block, from their fp32 logits z:
+    elementwise in z, stored in the buffer's dtype; with HAS_BIAS also the block's fp32 column sums."""
+    row_ok = rm < N
+    col_ok = local < chunk_width
+    log_p = (z - row_max[:, None]) - row_logsum[:, None]
+    p = tl.exp2(log_p * 1.4426950408889634)
+    dz = tl.where((c0 + local)[None, :] == target[:, None], g[:, None], 0.0) - g[:, None] * p
+    if WITH_ENTROPY_GRAD:
+        dz -= ge[:, None] * tl.where(p > 0.0, p * (log_p + ent[:, None]), 0.0)
+    dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
+    tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
+             dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
+        tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
+
+
 @triton.jit(do_not_specialize=["inv_t", "c0"])
 def _dlogits_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr,
@@ -129,35 +150,50 @@ def _dlogits_kernel(
     N, H, V_local, c0, chunk_width, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # Work items and programs as in _tile_stats_kernel, over this chunk's columns.
+    # Work items and programs as in _tile_stats_kernel, over this chunk's columns. The epilogue is
+    # elementwise in the logits, so it may run on the tile's 4 column quarters (SPLIT = 4, configs
+    # epilogue_split; else 1, the whole tile) with the same bits and fewer live registers.
     for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * tl.cdiv(chunk_width, BLOCK_N), n_progs,
                          flatten=DESC):
         pid_m, pid_n = grouped_tile(item, N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         local = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # column inside the chunk
-        cols = c0 + local
-        row_ok = rm < N
-        col_ok = local < chunk_width
         z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, pid_m * BLOCK_M,
-                         c0 + pid_n * BLOCK_N, rm, cols, N, V_local, H, inv_t,
+                         c0 + pid_n * BLOCK_N, rm, c0 + local, N, V_local, H, inv_t,
                          HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE, DESC)
         r = rm % N
-        log_p = (z - tl.load(row_max_ptr + r)[:, None]) - tl.load(row_logsum_ptr + r)[:, None]
-        p = tl.exp2(log_p * 1.4426950408889634)
-        g = tl.load(grad_logp_ptr + r)[:, None]  # zero on ignored rows (the launcher's job)
+        row_max = tl.load(row_max_ptr + r)
+        row_logsum = tl.load(row_logsum_ptr + r)
+        g = tl.load(grad_logp_ptr + r)  # zero on ignored rows (the launcher's job)
         target = tl.load(target_local_ptr + r)
-        dz = tl.where(cols[None, :] == target[:, None], g, 0.0) - g * p
+        ge = g
+        ent = g
         if WITH_ENTROPY_GRAD:
-            ge = tl.load(grad_entropy_ptr + r)[:, None]
-            ent = tl.load(entropy_ptr + r)[:, None]
-            dz -= ge * tl.where(p > 0.0, p * (log_p + ent), 0.0)
-        dz = tl.where(row_ok[:, None] & col_ok[None, :], dz * inv_t, 0.0)
-        tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
-                 dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-        if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
-            tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
+            ge = tl.load(grad_entropy_ptr + r)
+            ent = tl.load(entropy_ptr + r)
+        if SPLIT == 1:
+            _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                           d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
+        else:
+            HALF: tl.constexpr = BLOCK_N // 2
+            Q: tl.constexpr = BLOCK_N // 4
+            left, right = column_halves(z, BLOCK_M, BLOCK_N)
+            q0, q1 = column_halves(left, BLOCK_M, HALF)
+            q2, q3 = column_halves(right, BLOCK_M, HALF)
+            quarter = pid_n * BLOCK_N + tl.arange(0, Q)
+            _dlogits_piece(q0, rm, quarter, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                           d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
+            _dlogits_piece(q1, rm, quarter + Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
+                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
+                           WITH_ENTROPY_GRAD)
+            _dlogits_piece(q2, rm, quarter + 2 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
+                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
+                           WITH_ENTROPY_GRAD)
+            _dlogits_piece(q3, rm, quarter + 3 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
+                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
+                           WITH_ENTROPY_GRAD)
 
 
 @triton.jit
@@ -282,7 +318,8 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             N, H, V_local, c0, width, 1.0 / temperature, n_progs,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, DESC=desc, SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
