@@ -41,9 +41,9 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
-    # linear_logp's d logits and the persistent matmul kernel: their epilogue (elementwise after the
-    # K loop) in this many column pieces of the tile (d logits 1 or 4, the persistent matmul 2 or 4;
-    # the pointer matmul kernel always stores the whole tile). The same bits; fewer live registers.
+    # linear_logp's d logits and the persistent matmul: their epilogue (elementwise after the K loop)
+    # in this many column pieces of the tile (d logits 1 or 4, the matmul 2 or 4; below 2 it takes
+    # 2). The same bits; fewer live registers.
     epilogue_split: int = 1
 
 

@@ -103,71 +103,40 @@ def _matmul_kernel(
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # The epilogue on the whole tile: this kernel's spills are its K loop's pointer tensors, which
-    # cutting the epilogue does not change (ptxas: 1124 -> 1104 bytes in quarters).
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     om = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     on = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N, K,
                    BLOCK_K, EVEN_K, UPCAST, IEEE)
-    _store_pieces(acc, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr,
-                  pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, ACCUMULATE, HAS_BIAS, 1, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _store_tile(acc, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0, n0, M, N,
-                ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The matmul epilogue for a [BLOCK_M, BLOCK_N] piece at (m0, n0): out = C_in + acc (+ bias), the
-    bias added in fp32 before the one rounding to the output dtype."""
-    om = m0 + tl.arange(0, BLOCK_M)
-    on = n0 + tl.arange(0, BLOCK_N)
     mask = (om < M)[:, None] & (on < N)[None, :]
     om64 = om.to(tl.int64)[:, None]
     on64 = on.to(tl.int64)[None, :]
     if ACCUMULATE:
         acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
-    if HAS_BIAS:
+    if HAS_BIAS:  # added in fp32 before the one rounding to the output dtype
         acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
     tl.store(out_ptr + om64 * stride_om + on64 * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_tile(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_matmul_kernel's epilogue for a [BLOCK_M, BLOCK_N] piece at (m0, n0): out = C_in + acc (+ bias)."""
+    om = m0 + tl.arange(0, BLOCK_M)
+    on = n0 + tl.arange(0, BLOCK_N)
+    mask = (om < M)[:, None] & (on < N)[None, :]
+    om64 = om.to(tl.int64)[:, None]
+    if ACCUMULATE:
+        acc = tl.load(c_in_ptr + om64 * stride_cm + on[None, :], mask=mask, other=0.0) + acc
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
+    tl.store(out_ptr + om64 * stride_om + on[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def column_halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """x [BLOCK_M, BLOCK_N] as its left and right [BLOCK_M, BLOCK_N / 2] halves."""
     return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def _store_pieces(acc, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0, n0, M, N,
-                  ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """_store_tile on the tile's SPLIT (1, 2 or 4; configs epilogue_split) column pieces. The
-    epilogue is elementwise, so the bits are the same; pieces keep fewer registers live (a whole
-    128 x 256 fp32 tile with its 64-bit addresses overflows a thread's 255) and need less shared
-    memory for the store's layout change."""
-    if SPLIT == 1:
-        _store_tile(acc, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0, n0, M, N,
-                    ACCUMULATE, HAS_BIAS, BLOCK_M, BLOCK_N)
-    else:
-        HALF: tl.constexpr = BLOCK_N // 2
-        left, right = column_halves(acc, BLOCK_M, BLOCK_N)
-        if SPLIT == 2:
-            _store_tile(left, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0, n0,
-                        M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
-            _store_tile(right, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0,
-                        n0 + HALF, M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
-        else:
-            Q: tl.constexpr = BLOCK_N // 4
-            q0, q1 = column_halves(left, BLOCK_M, HALF)
-            q2, q3 = column_halves(right, BLOCK_M, HALF)
-            _store_tile(q0, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0, n0,
-                        M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q1, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0,
-                        n0 + Q, M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q2, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0,
-                        n0 + 2 * Q, M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q3, c_in_ptr, stride_cm, stride_cn, out_ptr, stride_om, stride_on, bias_ptr, m0,
-                        n0 + 3 * Q, M, N, ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
 
 
 @triton.jit
@@ -178,16 +147,34 @@ def _matmul_desc_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
-    # _matmul_kernel's tiles, grid order, K order and epilogue, run by n_progs persistent programs
-    # (flattened: the next tile's loads overlap this tile's epilogue). C_in and out have unit column
-    # strides here (matmul_into checks).
+    # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
+    # the next tile's loads overlap this tile's epilogue). The epilogue is elementwise, so it goes in
+    # SPLIT (2 or 4, configs epilogue_split) column pieces with the same bits: less shared memory for
+    # its layout change and fewer live registers than the whole tile's.
     for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=True):
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
-        _store_pieces(acc, c_in_ptr, stride_cm, 1, out_ptr, stride_om, 1, bias_ptr, m0, n0, M, N,
-                      ACCUMULATE, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+        HALF: tl.constexpr = BLOCK_N // 2
+        left, right = column_halves(acc, BLOCK_M, BLOCK_N)
+        if SPLIT == 2:
+            _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
+            _store_tile(right, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + HALF, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
+        else:
+            Q: tl.constexpr = BLOCK_N // 4
+            q0, q1 = column_halves(left, BLOCK_M, HALF)
+            q2, q3 = column_halves(right, BLOCK_M, HALF)
+            _store_tile(q0, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+            _store_tile(q1, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + Q, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+            _store_tile(q2, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 2 * Q, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+            _store_tile(q3, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 3 * Q, M, N,
+                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
 
 
 _SM_COUNT: dict = {}
@@ -248,7 +235,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
-            SPLIT=cfg.epilogue_split,
+            SPLIT=max(2, cfg.epilogue_split),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
