@@ -101,29 +101,24 @@ def cases():
                          d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
                          WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
                          GROUP_M=dl.group_m, SPLIT=split), dl.num_warps, dl.num_stages))
-    dh = configs.lookup_matmul("linear_logp_dhidden", "sm90", bf)
-    d, wc = _t(256, 4096), _t(4096, 4096)
-    for split in (2, 4):
-        out.append((f"matmul _matmul_desc_kernel, d hidden tiles, fp32 accumulator, epilogue in {split}",
-                    mm._matmul_desc_kernel,
-                    dict(a_desc=TensorDescriptor.from_tensor(d, [dh.block_m, dh.block_k]),
-                         b_desc=TensorDescriptor.from_tensor(wc, [dh.block_k, dh.block_n]),
-                         c_in_ptr=_t(256, 4096, dtype=f32), stride_cm=4096, out_ptr=_t(256, 4096, dtype=f32),
-                         stride_om=4096, bias_ptr=_t(4096, dtype=f32), M=256, N=4096, K=4096, n_progs=132,
-                         ACCUMULATE=True, HAS_BIAS=False, UPCAST=False, IEEE=False, B_T=False, SPLIT=split,
-                         BLOCK_M=dh.block_m, BLOCK_N=dh.block_n, BLOCK_K=dh.block_k, GROUP_M=dh.group_m),
-                    dh.num_warps, dh.num_stages))
-    mm_cfg = configs.lookup_matmul("matmul", "sm90", bf)
-    x2, wt = _t(256, 4096), _t(4096, 4096)
-    for split in (2, 4):
-        out.append((f"matmul _matmul_desc_kernel, matmul tiles, b = weight.t() (B_T), bf16 out, epilogue in {split}",
-                    mm._matmul_desc_kernel,
-                    dict(a_desc=TensorDescriptor.from_tensor(x2, [mm_cfg.block_m, mm_cfg.block_k]),
-                         b_desc=TensorDescriptor.from_tensor(wt, [mm_cfg.block_n, mm_cfg.block_k]),
-                         c_in_ptr=x2, stride_cm=4096, out_ptr=_t(256, 4096), stride_om=4096, bias_ptr=_t(4096),
-                         M=256, N=4096, K=4096, n_progs=132, ACCUMULATE=False, HAS_BIAS=True, UPCAST=False,
-                         IEEE=False, B_T=True, SPLIT=split, BLOCK_M=mm_cfg.block_m, BLOCK_N=mm_cfg.block_n,
-                         BLOCK_K=mm_cfg.block_k, GROUP_M=mm_cfg.group_m), mm_cfg.num_warps, mm_cfg.num_stages))
+    # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
+    for label, kernel_key, b_t, out_dtype, acc in (("d hidden tiles, fp32 accumulator", "linear_logp_dhidden",
+                                                    False, f32, True),
+                                                   ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul",
+                                                    True, bf, False)):
+        cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
+        a_op, b_op = _t(256, 4096), _t(4096, 4096)
+        b_block = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
+        for split in (2, 4):
+            out.append((f"matmul _matmul_desc_kernel, {label}, epilogue in {split}", mm._matmul_desc_kernel,
+                        dict(a_desc=TensorDescriptor.from_tensor(a_op, [cfg.block_m, cfg.block_k]),
+                             b_desc=TensorDescriptor.from_tensor(b_op, b_block),
+                             c_in_ptr=_t(256, 4096, dtype=out_dtype), stride_cm=4096,
+                             out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
+                             bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
+                             ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t, SPLIT=split,
+                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m),
+                        cfg.num_warps, cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
