@@ -41,10 +41,6 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
-    # linear_logp's d logits and the persistent matmul: their epilogue (elementwise after the K loop)
-    # in this many column pieces of the tile (d logits 1 or 4, the matmul 2 or 4; below 2 it takes
-    # 2). The same bits; fewer live registers.
-    epilogue_split: int = 1
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -154,37 +150,26 @@ def _matmul_rows():
             # The matmul on its persistent descriptor kernel where the operands allow it: 0.98-1.06x
             # cuBLAS against 0.77-0.93x on pointers at 8192^3 and LLM shapes, the same bits
             # (docs/reports/h200-matmul6-2026-12-03.json).
-            # Epilogues in 4 column pieces (epilogue_split): a 128 x 256 fp32 tile fills the 255
-            # registers of a thread; ptxas -v spill stores per thread (scripts/aot_compile_check.py),
-            # whole tile or halves -> quarters: d logits 7112 -> 468 B, d hidden 1876 -> 28 B, matmul
-            # 308 -> 0 B. On the H200 (h200-round7-2026-12-03.json): d logits in quarters took
-            # fwd+bwd from 63.5 to 62.8 ms; d hidden and the matmul measured the same either way
-            # (within run-to-run noise), and keep quarters for their smaller footprint. (The
-            # forward's epilogue, one tile temporary less, spills 0 B: 16.3 -> 14.7 ms.)
-            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma,
-                                                          epilogue_split=4)
+            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
-                                                                       persistent_tma=tma, epilogue_split=4)
+                                                                       persistent_tma=tma)
             # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
             # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
             # same bits (docs/reports/h200-round4-2026-12-03.json). d weight stays on the pointer
             # kernel: 713 TFLOP/s there against 688 through descriptors (h200-round2).
-            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma,
-                                                                       epilogue_split=4)
+            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
         t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
-        t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096,
-                                                                          epilogue_split=4)
+        t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
         t[("linear_logp_dhidden", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
     # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
     # still give tests several chunks and several K steps.
     for dt in _DTYPES:
-        t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1, epilogue_split=4)
+        t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
-        t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128,
-                                                                            epilogue_split=4)
-        t[("linear_logp_dhidden", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1, epilogue_split=4)
+        t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
+        t[("linear_logp_dhidden", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
     # Attention (rlk_triton/ops/attention.py): block_m = query rows per tile, block_n = the KV block
     # of the online softmax (the reduction order), block_k = 0 (the head dim is the whole K), group_m
     # unused. Bucket: the head dim ("d<=128", "d256": a property of the model, never of the batch).

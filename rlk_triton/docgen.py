@@ -63,18 +63,16 @@ def configs_md() -> str:
                        f"{r['num_warps']} | {r['num_stages']} |")
     out += ["\n## tl.dot kernels\n",
             "No split-K; block_k is the step of the ascending K loop. Bucket: attention's head dim, else any. "
-            "chunk_v is linear_logp's canonical vocab chunk (docs/linear_logp.md); tma: the kernel "
-            "runs persistent over TMA descriptors (the same bits as the pointer path); epilogue: the column "
-            "pieces its elementwise epilogue is cut into (the same bits; fewer live registers).\n",
+            "chunk_v is linear_logp's canonical vocab chunk (docs/linear_logp.md); tma: the kernel runs "
+            "persistent over TMA descriptors (the same bits as the pointer path).\n",
             "| kernel | arch | dtype | bucket | block_m | block_n | block_k | group_m | num_warps | num_stages "
-            "| chunk_v | tma | epilogue |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| chunk_v | tma |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "block_m" in r:
             out.append(f"| {r['kernel']} | {r['arch']} | {r['dtype']} | {r['v_bucket']} | {r['block_m']} | "
                        f"{r['block_n']} | {r['block_k']} | {r['group_m']} | {r['num_warps']} | {r['num_stages']} | "
-                       f"{r['chunk_v'] or '-'} | {'yes' if r.get('persistent_tma') else '-'} | "
-                       f"{r['epilogue_split'] if r.get('epilogue_split', 1) > 1 else '-'} |")
+                       f"{r['chunk_v'] or '-'} | {'yes' if r.get('persistent_tma') else '-'} |")
     return "\n".join(out) + "\n"
 
 

@@ -95,12 +95,11 @@ def cases():
                 fwd.num_warps, fwd.num_stages))
     dl = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf)
     x = _t(256, dtype=f32)
-    for split in (1, 4):
-        out.append((f"linear_logp _dlogits_kernel (descriptors, epilogue in {split})", ll._dlogits_kernel,
-                    dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
-                         d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
-                         WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
-                         GROUP_M=dl.group_m, SPLIT=split), dl.num_warps, dl.num_stages))
+    out.append(("linear_logp _dlogits_kernel (descriptors)", ll._dlogits_kernel,
+                dict(stats, row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x, grad_logp_ptr=x, grad_entropy_ptr=x,
+                     d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
+                     WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
+                     GROUP_M=dl.group_m), dl.num_warps, dl.num_stages))
     # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
     for label, kernel_key, b_t, out_dtype, acc in (("d hidden tiles, fp32 accumulator", "linear_logp_dhidden",
                                                     False, f32, True),
@@ -109,16 +108,15 @@ def cases():
         cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
         a_op, b_op = _t(256, 4096), _t(4096, 4096)
         b_block = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
-        for split in (2, 4):
-            out.append((f"matmul _matmul_desc_kernel, {label}, epilogue in {split}", mm._matmul_desc_kernel,
-                        dict(a_desc=TensorDescriptor.from_tensor(a_op, [cfg.block_m, cfg.block_k]),
-                             b_desc=TensorDescriptor.from_tensor(b_op, b_block),
-                             c_in_ptr=_t(256, 4096, dtype=out_dtype), stride_cm=4096,
-                             out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
-                             bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
-                             ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t, SPLIT=split,
-                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m),
-                        cfg.num_warps, cfg.num_stages))
+        out.append((f"matmul _matmul_desc_kernel, {label}", mm._matmul_desc_kernel,
+                    dict(a_desc=TensorDescriptor.from_tensor(a_op, [cfg.block_m, cfg.block_k]),
+                         b_desc=TensorDescriptor.from_tensor(b_op, b_block),
+                         c_in_ptr=_t(256, 4096, dtype=out_dtype), stride_cm=4096,
+                         out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
+                         bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
+                         ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t,
+                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m),
+                    cfg.num_warps, cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),

@@ -1,23 +1,20 @@
-"""linear_logp's GEMM paths on a GPU, in one run: which loading / scheduling path and epilogue split
-each fused kernel should lock.
+"""linear_logp's GEMM paths on a GPU, in one run: which loading / scheduling path each fused kernel
+should lock.
 
   python scripts/gpu_linear_logp_paths.py --out report.json [--commit SHA] [--bound]
 
 At the benchmark shape (N=8192, H=4096, V=151936 bf16) it times, against the locked table:
   - the forward (tile_stats) on pointer kernels and persistent descriptors;
-  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers and on descriptors
-    with the epilogue in halves and in quarters (configs epilogue_split);
-  - fwd+bwd with the d logits epilogue whole or in quarters and d hidden's in halves or quarters,
-    with the extra peak memory (the issue's budget: 0.25 GiB);
+  - d hidden's chunk GEMM (matmul_into with an fp32 accumulator) on pointers and descriptors;
+  - fwd+bwd on descriptors, with the extra peak memory (the issue's budget: 0.25 GiB);
   - a per-kernel breakdown (torch.profiler) of one fwd+bwd on the locked table;
   - with --bound, the lower bound of any exact fused backward here: the four GEMM-sized products
     (logits twice, d hidden, d weight) on cuBLAS (torch.matmul), unfused;
   - then the issue's benchmark (logp, fwd and fwd+bwd) on the fastest bitwise-verified choice
     against torch eager in the same run (the "chosen" rows; lock that choice in configs.py).
 Every path must give bitwise the same logp, entropy, d hidden and d weight as the pointer kernels
-with whole-tile epilogues (the paths change loading, scheduling and how an elementwise epilogue is
-cut, never a tile's K order): a row records `bitwise_vs_pointer`, and a path that differs must
-not be locked.
+(the paths change loading and scheduling, never a tile's K order): a row records
+`bitwise_vs_pointer`, and a path that differs must not be locked.
 """
 import argparse
 import dataclasses
@@ -41,10 +38,7 @@ from gpu_linear_logp import inputs  # the benchmark's inputs (scripts/ is on sys
 N, H, V = 8192, 4096, 151936
 DT = torch.bfloat16
 FLOPS = 2 * N * H * V  # one GEMM of the op
-PATHS = {"pointer": dict(persistent_tma=False, epilogue_split=1), "descriptor": dict(persistent_tma=True),
-         "descriptor, whole epilogue": dict(persistent_tma=True, epilogue_split=1),
-         "descriptor, epilogue in 2": dict(persistent_tma=True, epilogue_split=2),
-         "descriptor, epilogue in 4": dict(persistent_tma=True, epilogue_split=4)}
+PATHS = {"pointer": dict(persistent_tma=False), "descriptor": dict(persistent_tma=True)}
 report = {"rows": [], "errors": []}
 
 
@@ -207,24 +201,20 @@ def main():
         acc0 = torch.randn(N, H, device="cuda")
         ref = matmul_into(d, w[:C], torch.empty_like(acc0), c_in=acc0,
                           cfg=dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS["pointer"]))
-        for path in ("pointer", "descriptor, epilogue in 2", "descriptor, epilogue in 4"):
+        for path in PATHS:
             cfg = dataclasses.replace(LOCKED["linear_logp_dhidden"], **PATHS[path])
             out = torch.empty_like(acc0)
             run_row(f"d hidden chunk GEMM [{path}]", lambda: matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg),
                     2 * N * H * C, lambda: torch.equal(matmul_into(d, w[:C], out, c_in=acc0, cfg=cfg), ref))
         del d, acc0, ref, out
         torch.cuda.empty_cache()
-        # fwd+bwd: the d logits and d hidden epilogue splits against the pointer kernels
+        # fwd+bwd on descriptors against the pointer kernels
         chunk_v = LOCKED["linear_logp_dlogits"].chunk_v
         use(fwd="pointer", dlogits="pointer", dhidden="pointer", chunk_v=chunk_v)
         ref_out = [x.clone() for x in fwd_bwd()]
-        for dl, dh in (("descriptor, whole epilogue", "descriptor, epilogue in 2"),
-                       ("descriptor, epilogue in 4", "descriptor, epilogue in 2"),
-                       ("descriptor, whole epilogue", "descriptor, epilogue in 4"),
-                       ("descriptor, epilogue in 4", "descriptor, epilogue in 4")):
-            use(dlogits=dl, dhidden=dh, chunk_v=chunk_v)
-            run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [{dl}] d hidden [{dh}]",
-                    fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
+        use(dlogits="descriptor", dhidden="descriptor", chunk_v=chunk_v)
+        run_row(f"fwd+bwd (+entropy) chunk_v={chunk_v} fwd [locked] d logits [descriptor] d hidden [descriptor]",
+                fwd_bwd, 4 * FLOPS, lambda: same(fwd_bwd(), ref_out))
         del ref_out
         torch.cuda.empty_cache()
         use()

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Round 7 on the H200 in one device call (under 10 minutes, every step with its own timeout): the
-# epilogues in column quarters (configs epilogue_split, ptxas spills 7112 -> 468 B in d logits, 1876 ->
+# epilogues in column quarters (matmul.column_quarters; ptxas spills 7112 -> 468 B in d logits, 1876 ->
 # 28 B in d hidden, 308 -> 0 B in the matmul) and the forward's one-temporary-less epilogue (2308 -> 0
 # B). The gpu tests of linear_logp and matmul (paths, invariance, contract), linear_logp's path sweep
-# (old and new splits against the pointer kernels, bitwise; per-kernel breakdown; chosen vs eager), then
-# the matmul against cuBLAS on both layouts. Usage: bash scripts/gpu_round7.sh <commit>.
+# (against the pointer kernels, bitwise; per-kernel breakdown; chosen vs eager), then the matmul
+# against cuBLAS on both layouts. (At 296955e the sweep also timed whole-tile and half-tile epilogues
+# through a config field since removed: docs/reports/h200-round7-2026-12-03.json.) Usage: bash scripts/gpu_round7.sh <commit>.
 set -u
 C=${1:-unknown}
 source "$(dirname "$0")/device_setup.sh"

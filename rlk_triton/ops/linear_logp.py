@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import (column_halves, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
+from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 
@@ -150,11 +150,11 @@ def _dlogits_kernel(
     N, H, V_local, c0, chunk_width, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr,
 ):
     # Work items and programs as in _tile_stats_kernel, over this chunk's columns. The epilogue is
-    # elementwise in the logits, so it may run on the tile's 4 column quarters (SPLIT = 4, configs
-    # epilogue_split; else 1, the whole tile) with the same bits and fewer live registers.
+    # elementwise in the logits and runs on the tile's column quarters (matmul.column_quarters): the
+    # same bits as the whole tile, fewer live registers.
     for item in tl.range(tl.program_id(0), tl.cdiv(N, BLOCK_M) * tl.cdiv(chunk_width, BLOCK_N), n_progs,
                          flatten=DESC):
         pid_m, pid_n = grouped_tile(item, N, chunk_width, BLOCK_M, BLOCK_N, GROUP_M)
@@ -173,27 +173,19 @@ def _dlogits_kernel(
         if WITH_ENTROPY_GRAD:
             ge = tl.load(grad_entropy_ptr + r)
             ent = tl.load(entropy_ptr + r)
-        if SPLIT == 1:
-            _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
-                           d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
-        else:
-            HALF: tl.constexpr = BLOCK_N // 2
-            Q: tl.constexpr = BLOCK_N // 4
-            left, right = column_halves(z, BLOCK_M, BLOCK_N)
-            q0, q1 = column_halves(left, BLOCK_M, HALF)
-            q2, q3 = column_halves(right, BLOCK_M, HALF)
-            quarter = pid_n * BLOCK_N + tl.arange(0, Q)
-            _dlogits_piece(q0, rm, quarter, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
-                           d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
-            _dlogits_piece(q1, rm, quarter + Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
-                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
-                           WITH_ENTROPY_GRAD)
-            _dlogits_piece(q2, rm, quarter + 2 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
-                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
-                           WITH_ENTROPY_GRAD)
-            _dlogits_piece(q3, rm, quarter + 3 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
-                           chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
-                           WITH_ENTROPY_GRAD)
+        Q: tl.constexpr = BLOCK_N // 4
+        q0, q1, q2, q3 = column_quarters(z, BLOCK_M, BLOCK_N)
+        quarter = pid_n * BLOCK_N + tl.arange(0, Q)
+        _dlogits_piece(q0, rm, quarter, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                       d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
+        _dlogits_piece(q1, rm, quarter + Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                       d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
+        _dlogits_piece(q2, rm, quarter + 2 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
+                       chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
+                       WITH_ENTROPY_GRAD)
+        _dlogits_piece(q3, rm, quarter + 3 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
+                       chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
+                       WITH_ENTROPY_GRAD)
 
 
 @triton.jit
@@ -318,8 +310,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             N, H, V_local, c0, width, 1.0 / temperature, n_progs,
             HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
             EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DESC=desc, SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)

@@ -134,47 +134,45 @@ def _store_tile(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, 
 
 
 @triton.jit
-def column_halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """x [BLOCK_M, BLOCK_N] as its left and right [BLOCK_M, BLOCK_N / 2] halves."""
-    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+def column_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x [BLOCK_M, BLOCK_N] as its four [BLOCK_M, BLOCK_N / 4] column quarters, left to right.
+
+    Epilogues run on quarters: a 128 x 256 fp32 tile with its elementwise temporaries overflows a
+    thread's 255 registers (ptxas spill stores per thread, whole tile or halves -> quarters: d logits
+    7112 -> 468 B, d hidden 1876 -> 28 B, matmul 308 -> 0 B; scripts/aot_compile_check.py). The
+    pieces are the same elements, so an elementwise epilogue gives the same bits."""
+    left, right = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    q0, q1 = tl.split(tl.permute(tl.reshape(left, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
+    q2, q3 = tl.split(tl.permute(tl.reshape(right, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
+    return q0, q1, q2, q3
 
 
 @triton.jit
 def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    B_T: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
-    # the next tile's loads overlap this tile's epilogue). The epilogue is elementwise, so it goes in
-    # SPLIT (2 or 4, configs epilogue_split) column pieces with the same bits: less shared memory for
-    # its layout change and fewer live registers than the whole tile's.
+    # the next tile's loads overlap this tile's epilogue). The epilogue goes by column quarters
+    # (column_quarters): the same bits, fewer live registers and less shared memory for its layout
+    # change than the whole tile.
     for item in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), n_progs, flatten=True):
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
-        HALF: tl.constexpr = BLOCK_N // 2
-        left, right = column_halves(acc, BLOCK_M, BLOCK_N)
-        if SPLIT == 2:
-            _store_tile(left, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
-            _store_tile(right, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + HALF, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, HALF)
-        else:
-            Q: tl.constexpr = BLOCK_N // 4
-            q0, q1 = column_halves(left, BLOCK_M, HALF)
-            q2, q3 = column_halves(right, BLOCK_M, HALF)
-            _store_tile(q0, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q1, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + Q, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q2, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 2 * Q, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
-            _store_tile(q3, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 3 * Q, M, N,
-                        ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+        Q: tl.constexpr = BLOCK_N // 4
+        q0, q1, q2, q3 = column_quarters(acc, BLOCK_M, BLOCK_N)
+        _store_tile(q0, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+        _store_tile(q1, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + Q, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+        _store_tile(q2, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 2 * Q, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+        _store_tile(q3, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 3 * Q, M, N,
+                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
 
 
 _SM_COUNT: dict = {}
@@ -235,7 +233,6 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
-            SPLIT=max(2, cfg.epilogue_split),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
