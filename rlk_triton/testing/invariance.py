@@ -10,6 +10,10 @@ anything but that row: checked bitwise (torch.equal) along these axes:
   padding_rows    the probe rows followed by padding rows (op.make_padding)
   neighbours      the same positions with different neighbours
   dense_indexed   op.indexed scoring only the probe rows of a batch (if the op has it)
+  tile_position   (with tile_rows=B) the probe rows at every offset 0..B-1 of a B-row tile, the
+                  last offset straddling the tile boundary, in a batch of fixed size 2 B: a kernel
+                  whose tile arithmetic gives a row bits by its place in the tile fails here at
+                  some offset, whatever the other axes' few placements happen to hit
 
 Gradients: every output gets an upstream gradient whose probe rows are the same in every run; the
 input gradients of the probe rows must then be equal too.
@@ -107,6 +111,7 @@ def check_batch_invariance(
     probe_rows: int = 3,
     batch_sizes: Sequence[int] = (5, 17),
     seed: int = 0,
+    tile_rows: Optional[int] = None,
 ) -> InvarianceReport:
     gen = torch.Generator().manual_seed(seed)
     report = InvarianceReport(op.name)
@@ -176,6 +181,13 @@ def check_batch_invariance(
             sum((o * up).sum() for o, up in zip(outs, probe_upstream)).backward()
             grads = [batch[i].grad[pos] for i in op.grad_inputs]
         compare("dense_indexed", "probe rows only", [o.detach() for o in outs], grads)
+
+    if tile_rows:
+        n = 2 * tile_rows + probe_rows
+        for offset in range(tile_rows):
+            pos = torch.arange(offset, offset + probe_rows)
+            vals, grads = _run(op, embed(n, pos, op.make_rows(n - probe_rows, gen)), pos, probe_upstream, gen)
+            compare("tile_position", f"offset {offset} of {tile_rows}", vals, grads)
     return report
 
 
