@@ -3,12 +3,18 @@ report each one's shared memory against the H200's per-block limit and its regis
 -v): a check that a kernel change builds for the real target before device time is spent on it.
 It does not run anything: speed and bits still need the GPU.
 
-    python scripts/aot_compile_check.py [--out report.json]
+    python scripts/aot_compile_check.py [--out report.json] [--baseline earlier_report.json]
+
+Each row carries a digest of the kernel's PTX without its debug info (`.loc` / `.file` lines and
+debug sections) and its MMA instructions: with --baseline, a row whose digest differs from the
+earlier report's is printed CHANGED (a refactor that claims "same instructions" must print SAME).
 
 Needs the triton version of the GPU machine (3.6: its ptxas ships in the wheel). Exit code 1 when
 a kernel fails to compile or needs more shared memory than the H200 has.
 """
 import argparse
+import collections
+import hashlib
 import json
 import os
 import re
@@ -33,8 +39,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
-    """(shared bytes, spill bytes, None) or (None, None, error) for kernel with every argument given by
-    name. Spill bytes: the spill stores per thread that ptxas -v reports for the kernel's PTX."""
+    """(shared bytes, spill bytes, ptx, None) or (None, None, None, error) for kernel with every argument
+    given by name. Spill bytes: the spill stores per thread that ptxas -v reports for the kernel's PTX."""
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
     sig, consts = {}, {}
     for p in fn.params:
@@ -48,8 +54,21 @@ def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
         c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
                            options={"num_warps": num_warps, "num_stages": num_stages})
     except Exception as ex:  # noqa: BLE001 - reported
-        return None, None, f"{type(ex).__name__}: {str(ex)[:400]}"
-    return c.metadata.shared, ptxas_spill_bytes(c.asm["ptx"]), None
+        return None, None, None, f"{type(ex).__name__}: {str(ex)[:400]}"
+    return c.metadata.shared, ptxas_spill_bytes(c.asm["ptx"]), c.asm["ptx"], None
+
+
+def ptx_code(ptx: str) -> str:
+    """The PTX without debug info: source locations and debug sections change with any edit of the
+    file; the instructions are what a "same bits" refactor must keep."""
+    ptx = re.sub(r"\.section\s+\.debug\w*\s*\{.*?\n\s*\}", "", ptx, flags=re.S)
+    keep = [ln for ln in ptx.splitlines() if not re.match(r"\s*(\.loc|\.file|//|\$L__)", ln)]
+    return "\n".join(keep)
+
+
+def mma_instructions(ptx: str) -> dict:
+    """Counts of the matrix instructions (wgmma / mma families) in a PTX module."""
+    return dict(sorted(collections.Counter(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx)).items()))
 
 
 def ptxas_spill_bytes(ptx: str):
@@ -145,7 +164,47 @@ def cases():
                         dict(x_ptr=y, x_row_stride=H, res_ptr=y, res_row_stride=H, w_ptr=_t(H), y_ptr=y, res_out_ptr=y,
                              rstd_ptr=_t(16, dtype=f32), N=16, H=H, h_count=float(H), eps=1e-6, weight_offset=0.0,
                              HAS_RESIDUAL=True, BLOCK_H=block, ROWS=r), cfg.num_warps, 1))
+    out += attention_cases()
     return out
+
+
+def attention_cases():
+    """The attention kernels at D = 128, bf16, with their locked sm90 configs."""
+    from rlk_triton.ops import attention as at
+
+    bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    N, Hq, Hkv, D = 1024, 16, 8, 128
+    q, kv, lse = _t(N, Hq, D), _t(N, Hkv, D), _t(Hq, N, dtype=f32)
+    cu = _t(3, dtype=i32)
+    strides = dict(sq_t=Hq * D, sq_h=D, sk_t=Hkv * D, sk_h=D, sv_t=Hkv * D, sv_h=D)
+    rows = []
+    f = configs.lookup_attention("attention_fwd", "sm90", bf, D)
+    rows.append(("attention _fwd_kernel", at._fwd_kernel,
+                 dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, out_ptr=q, lse_ptr=lse, cu_ptr=cu, so_t=Hq * D, so_h=D,
+                      slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N, sacc_t=Hq * D, sacc_h=D,
+                      qk_scale=0.1, kv_lo=0, kv_hi=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True, STATE_IN=False,
+                      STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m, BLOCK_N=f.block_n),
+                 f.num_warps, f.num_stages))
+    d = configs.lookup_attention("attention_decode", "sm90", bf, D)
+    cache = _t(64, 256, Hkv, D)
+    rows.append(("attention _decode_kernel", at._decode_kernel,
+                 dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
+                      bt_ptr=_t(2, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D, skc_h=D,
+                      svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
+                      page_size=256, qk_scale=0.1, GROUP=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
+                      BLOCK_M=d.block_m, BLOCK_N=d.block_n), d.num_warps, d.num_stages))
+    bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
+               sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
+               UPCAST=False, IEEE=False)
+    c = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
+    rows.append(("attention _bwd_dkdv_kernel", at._bwd_dkdv_kernel,
+                 dict(bwd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D, sdv_h=D,
+                      BLOCK_M=c.block_m, BLOCK_N=c.block_n), c.num_warps, c.num_stages))
+    c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
+    rows.append(("attention _bwd_dq_kernel", at._bwd_dq_kernel,
+                 dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n),
+                 c.num_warps, c.num_stages))
+    return rows
 
 
 def dataclass_replace(obj, **kw):
@@ -156,19 +215,28 @@ def dataclass_replace(obj, **kw):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="write the rows as JSON")
+    ap.add_argument("--baseline", help="an earlier --out report: say per kernel whether its PTX is the same")
     args = ap.parse_args()
+    before = {}
+    if args.baseline:
+        with open(args.baseline) as f:
+            before = {r["kernel"]: r.get("ptx_sha256") for r in json.load(f)["rows"]}
     rows, ok = [], True
     for name, kernel, kargs, warps, stages in cases():
         try:
-            shared, spills, err = compile_for_sm90(kernel, kargs, warps, stages)
+            shared, spills, ptx, err = compile_for_sm90(kernel, kargs, warps, stages)
         except Exception:  # noqa: BLE001 - a broken case is a failure of the check, reported
-            shared, spills, err = None, None, traceback.format_exc()[-600:]
+            shared, spills, ptx, err = None, None, None, traceback.format_exc()[-600:]
         fits = shared is not None and shared <= H200_SMEM_PER_BLOCK
         ok &= fits
+        digest = hashlib.sha256(ptx_code(ptx).encode()).hexdigest() if ptx else None
+        mma = mma_instructions(ptx) if ptx else None
         rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
-                     "spill_store_bytes": spills, "fits_h200": fits, "error": err})
-        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B"
+                     "spill_store_bytes": spills, "fits_h200": fits, "ptx_sha256": digest, "mma": mma,
+                     "error": err})
+        same = "" if name not in before else ("  SAME PTX" if before[name] == digest else "  CHANGED PTX")
+        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, mma {mma}{same}"
               + (f"  {err}" if err else ""), flush=True)
     if args.out:
         with open(args.out, "w") as f:

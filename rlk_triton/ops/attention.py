@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import operand_flags
+from .matmul import mma, mma_new, operand_flags
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -42,20 +42,12 @@ INT32_MAX = 2**31 - 1
 @triton.jit
 def _qk(q, k, IEEE: tl.constexpr):
     """q [BM, D] @ k^T -> [BM, BN] fp32 (IEEE fp32 products for fp32 inputs, never TF32)."""
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    return s
+    return mma_new(q, tl.trans(k), IEEE)
 
 
 @triton.jit
 def _dot_acc(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
+    return mma(a, b, acc, IEEE)
 
 
 @triton.jit

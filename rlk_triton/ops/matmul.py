@@ -26,6 +26,55 @@ from .._runtime import arch_of, interpreter_active
 # (a bf16 x bf16 product fits in fp32).
 _UPCAST_BF16_DOT = interpreter_active()
 
+# Under the interpreter tl.dot is one np.matmul over the whole tile, and the BLAS behind it gives a
+# row bits that depend on its position in the tile (OpenBLAS on an AMD EPYC: 10 of 15 positions of a
+# 16 x 32 x 32 fp32 tile). `mma` takes a per-element sum instead there. A global constexpr: compiled
+# kernels see False and compile to exactly the tl.dot they had (scripts/aot_compile_check.py --baseline).
+INTERPRETED_DOT = tl.constexpr(interpreter_active())
+
+
+@triton.jit
+def _row_exact_dot(a, b):
+    """Interpreter only: a @ b as fp32 products summed over k by np.sum along one axis. The operands
+    are first made C-ordered (a reshape through 1-D copies a strided view, e.g. a transposed tile):
+    np.sum's order along an axis follows the product's memory layout, so without it a tile read
+    transposed (a descriptor's B^T) would sum in another order than the same tile read row-major."""
+    a = tl.reshape(tl.reshape(a.to(tl.float32), (a.shape[0] * a.shape[1],)), (a.shape[0], a.shape[1]))
+    b = tl.reshape(tl.reshape(b.to(tl.float32), (b.shape[0] * b.shape[1],)), (b.shape[0], b.shape[1]))
+    return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+@triton.jit
+def mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b in fp32: every tl.dot of the library goes through here (matmul, linear_logp,
+    attention). IEEE: fp32 operands use IEEE fp32 products, never TF32.
+
+    Interpreter: each output element is acc + sum_k a[m, k] b[k, n], the products formed in fp32
+    (exact for bf16 / fp16 operands) and summed over k in one order for every element and every
+    operand layout (_row_exact_dot), so a row's bits depend on its own operands only, never on its position in the
+    tile or its neighbours. The GPU's tensor-core order differs: the interpreter proves invariance
+    of the library's structure (tiles, K steps, masks), the GPU proves it of the instructions."""
+    if INTERPRETED_DOT:
+        acc = acc + _row_exact_dot(a, b)
+    elif IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def mma_new(a, b, IEEE: tl.constexpr):
+    """a @ b in fp32 with no accumulator in (attention's scores): mma's arithmetic, the GPU's
+    tl.dot without an acc operand."""
+    if INTERPRETED_DOT:
+        s = _row_exact_dot(a, b)
+    elif IEEE:
+        s = tl.dot(a, b, input_precision="ieee")
+    else:
+        s = tl.dot(a, b)
+    return s
+
 
 @triton.jit
 def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K,
@@ -47,10 +96,7 @@ def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if IEEE:  # fp32 operands: IEEE fp32 products, never TF32
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = mma(a, b, acc, IEEE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
@@ -74,10 +120,7 @@ def dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = mma(a, b, acc, IEEE)
     return acc
 
 
