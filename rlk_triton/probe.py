@@ -13,6 +13,8 @@ A model calls ``record(name, rows, keys)`` after each op, in execution order::
 
     rec = Recording("rollout")
     rec.record("layers.0.q", q_rows, keys)    # or rec("layers.0.q", q_rows, keys): a Recording is callable
+    record = rec.bound(keys)                  # a record(name, rows) callback for one call's tokens
+    record("layers.0.q", q_rows)
 
 - ``name``: the op, from the naming scheme below. An op may be recorded many times (once per decode
   step, once per micro-batch); its rows accumulate. The execution order is the order in which names
@@ -29,9 +31,10 @@ Op names (the transformers recorder below emits them, and rlk_triton.models emit
 
     embed                  token embedding
     layers.{i}.input_norm  RMSNorm before attention
-    layers.{i}.q / .k / .v the q/k/v projections' outputs (before q_norm / k_norm and RoPE)
-    layers.{i}.q_norm      per-head RMSNorm of q (Qwen3; absent in Llama), before RoPE
-    layers.{i}.k_norm      per-head RMSNorm of k
+    layers.{i}.q / .k / .v q, k, v as they enter RoPE: after the per-head q_norm / k_norm where the
+                           model has them (Qwen3), else the projections' outputs (Llama)
+    layers.{i}.q_proj      the q / k projections' raw outputs, before q_norm / k_norm: only where
+    layers.{i}.k_proj      the model has those norms (extra rows a model may leave out)
     layers.{i}.attn_out    attention output, heads merged, before o_proj (o_proj's input)
     layers.{i}.o_proj      o_proj's output
     layers.{i}.post_norm   RMSNorm before the MLP (post_attention_layernorm)
@@ -125,6 +128,12 @@ class Recording:
         self._cat.pop(name, None)
 
     __call__ = record
+
+    def bound(self, keys):
+        """A ``record(name, rows)`` callback for one call whose rows are the tokens `keys`, in row order
+        (a packed forward: every token's (sequence, position); a decode step: one per running sequence)."""
+        k = _as_keys(keys, len(keys))
+        return lambda name, rows: self.record(name, rows, k)
 
     @property
     def ops(self) -> list[str]:
@@ -386,10 +395,14 @@ class TransformersRecorder:
         for i, layer in enumerate(self.base.layers):
             p, attn = f"layers.{i}.", layer.self_attn
             h.append(layer.input_layernorm.register_forward_hook(self._out(p + "input_norm")))
-            for proj, name in (("q_proj", "q"), ("q_norm", "q_norm"), ("k_proj", "k"), ("k_norm", "k_norm"),
-                               ("v_proj", "v")):
-                if getattr(attn, proj, None) is not None:
-                    h.append(getattr(attn, proj).register_forward_hook(self._out(p + name)))
+            for x in ("q", "k"):  # "q" / "k" is what enters RoPE: after the head norm where there is one
+                proj, norm = getattr(attn, f"{x}_proj"), getattr(attn, f"{x}_norm", None)
+                if norm is None:
+                    h.append(proj.register_forward_hook(self._out(p + x)))
+                else:
+                    h.append(proj.register_forward_hook(self._out(p + f"{x}_proj")))
+                    h.append(norm.register_forward_hook(self._out(p + x)))
+            h.append(attn.v_proj.register_forward_hook(self._out(p + "v")))
             h.append(attn.o_proj.register_forward_pre_hook(self._in(p + "attn_out")))
             h.append(attn.o_proj.register_forward_hook(self._out(p + "o_proj")))
             h.append(layer.post_attention_layernorm.register_forward_hook(self._out(p + "post_norm")))

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 from rlk_triton.drift.tiny import synthetic_prompts, tiny_model  # noqa: E402
 
 NAMES = ["embed"] + [f"layers.{i}.{op}" for i in range(2) for op in
-                     ("input_norm", "q", "q_norm", "k", "k_norm", "v", "attn_out", "o_proj", "post_norm", "mlp", "out")] \
+                     ("input_norm", "q_proj", "q", "k_proj", "k", "v", "attn_out", "o_proj", "post_norm", "mlp", "out")] \
     + ["final_norm", "logits"]
 
 
@@ -48,6 +48,16 @@ def test_recording_interface_and_errors():
         compare(rec, "not a recording")
     assert e.value.argument == "b"
     assert layer_of("layers.12.attn_out") == 12 and layer_of("final_norm") is None
+
+
+def test_bound_callback_keys_every_row():
+    rec = Recording("packed")
+    record = rec.bound([(0, 0), (0, 1), (1, 0)])
+    record("embed", torch.zeros(3, 4))
+    record("logits", torch.ones(3, 2))
+    assert rec.ops == ["embed", "logits"] and rec.rows("logits")[0].tolist() == [[0, 0], [0, 1], [1, 0]]
+    with pytest.raises(ShapeError):
+        record("final_norm", torch.zeros(2, 4))
 
 
 def test_compare_identical_chains_is_bitwise():
@@ -127,12 +137,12 @@ def test_recorder_names_and_identical_forwards(model):
     assert [s.stage for s in res.stages] == ["embed", "layers.0", "layers.1", "final_norm", "logits"]
 
 
-@pytest.mark.parametrize("op", ["layers.0.q_norm", "layers.1.attn_out", "layers.1.mlp", "final_norm"])
+@pytest.mark.parametrize("op", ["layers.0.q", "layers.1.attn_out", "layers.1.mlp", "final_norm"])
 def test_recorder_finds_the_perturbed_op(model, op):
     prompts = synthetic_prompts(0, 512)[:4]
     ids, mask = _batch(prompts)
     layers = model.model.layers
-    where = {"layers.0.q_norm": (layers[0].self_attn.q_norm, "out"),
+    where = {"layers.0.q": (layers[0].self_attn.q_norm, "out"),
              "layers.1.attn_out": (layers[1].self_attn.o_proj, "pre"),
              "layers.1.mlp": (layers[1].mlp, "out"), "final_norm": (model.model.norm, "out")}[op]
     res = compare(_forward(model, ids, mask), _forward(model, ids, mask, perturb=where))
