@@ -40,8 +40,8 @@ from typing import Iterable, Mapping, Optional
 import torch
 
 from . import contracts, registry
-from ._runtime import arch_of
-from .errors import ContractError, InputError, PolicyError, RlkFallbackWarning
+from ._runtime import arch_of, dtype_name
+from .errors import ContractError, DeviceError, InputError, PolicyError, RlkFallbackWarning
 
 FAST_MODES = ("off", "auto", "strict")
 CONSISTENCY_MODES = ("off", "audit", "strict")
@@ -53,7 +53,7 @@ class Decision:
     op: str
     dtype: str
     device: str
-    arch: str
+    arch: Optional[str]  # None: this machine has no such device
     requested: dict
     candidates: list = field(default_factory=list)
     chosen: str = NATIVE
@@ -120,7 +120,7 @@ def resolve(
     op: str,
     *,
     dtype,
-    device: Optional[str] = None,
+    device=None,
     fast: Optional[str] = None,
     consistency: Optional[str] = None,
     allowlist: Optional[Iterable[str]] = None,
@@ -128,15 +128,26 @@ def resolve(
     log: Optional[DecisionLog] = None,
 ) -> Decision:
     """Decide which backend runs `op` for inputs of `dtype` (the logits' for selected_logp; float32 for
-    the RL ops) on `device`. Raises PolicyError on failure."""
+    the RL ops) on `device`. Raises PolicyError on failure.
+
+    `dtype`: a torch.dtype or a name ('bfloat16', 'bf16', 'torch.bfloat16', 'half', ...), else DTypeError.
+    `device`: a string or torch.device (default: cuda if present, else cpu). A CUDA device this machine
+    lacks resolves like any unavailable backend (every candidate says why), and consistency
+    audit/strict fail closed on it: without the device its arch, hence its contract rows, are unknown."""
     env = os.environ if env is None else env
-    device = device or registry.default_device()
+    device = registry.device_str(device if device is not None else registry.default_device())
     fast_mode, fast_src = _mode(fast, "RLK_FAST", FAST_MODES, env)
     cons_mode, cons_src = _mode(consistency, "RLK_CONSISTENCY", CONSISTENCY_MODES, env)
     allowed = _allowlist(allowlist, env)
     entry = registry.operator(op)
-    dt = contracts.dtype_name(dtype)
-    arch = arch_of(torch.device(device))
+    dt = dtype_name(dtype)
+    arch, no_device = None, None
+    try:
+        arch = arch_of(torch.device(device))
+    except DeviceError as ex:  # a CUDA device this machine lacks resolves; other devices are errors
+        if not device.startswith("cuda"):
+            raise
+        no_device = str(ex).removeprefix(f"{ex.argument}: ")
     d = Decision(op, dt, device, arch, requested={
         "fast": fast_mode, "consistency": cons_mode, "source": {"fast": fast_src, "consistency": cons_src},
         "allowlist": allowed})
@@ -154,14 +165,16 @@ def resolve(
         raise PolicyError(f"{op} ({dt} on {device}, fast={fast_mode}, consistency={cons_mode}): {reason}",
                           d.to_dict())
 
+    if cons_mode != "off" and arch is None:
+        fail(f"consistency={cons_mode} needs a contract row for the device's arch: {no_device}")
     if cons_mode != "off":
         try:
             d.contract_id = contracts.contract_id(entry.contract, dt, arch)
         except ContractError as ex:
             fail(f"consistency={cons_mode} needs a contract row: {ex}")
     else:
-        try:
-            d.contract_id = contracts.contract_id(entry.contract, dt, arch)
+        try:  # without the device its arch overrides are unknown: no contract id
+            d.contract_id = contracts.contract_id(entry.contract, dt, arch) if arch else None
         except ContractError:
             d.contract_id = None
 

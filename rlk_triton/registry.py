@@ -121,52 +121,111 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@functools.lru_cache(maxsize=None)
-def measure_availability(op_name: str, backend: str, device: str) -> tuple[bool, Optional[str]]:
-    """Run the backend's probe on `device` once per process: (available, reason if not)."""
-    op = operator(op_name)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return False, "no CUDA device: torch.cuda.is_available() is False"
+def device_str(device) -> str:
+    """'cpu', 'cuda', 'cuda:1' from a string or a torch.device (DeviceError for anything else)."""
+    from ._runtime import as_device
+
+    return str(as_device(device))
+
+
+def arch_here(device: str) -> tuple[Optional[str], Optional[str]]:
+    """(arch, None), or (None, why) when this machine lacks the device: descriptors then say
+    unavailable instead of raising. A device type rlk_triton never runs on still raises DeviceError."""
+    from ._runtime import arch_of
+    from .errors import DeviceError
+
     try:
-        with warnings.catch_warnings():  # the interpreter's NumPy noise from masked lanes
-            warnings.simplefilter("ignore", RuntimeWarning)
-            op.probe(backend, device)
+        return arch_of(torch.device(device)), None
+    except DeviceError as ex:
+        if not device.startswith("cuda"):
+            raise
+        return None, str(ex).removeprefix(f"{ex.argument}: ")
+
+
+@functools.lru_cache(maxsize=None)
+def measure_availability(op_name: str, backend: str, device) -> tuple[bool, Optional[str]]:
+    """Run the backend's probe on `device` once per process: (available, reason if not)."""
+    from ._runtime import quiet_interpreter_noise
+
+    op = operator(op_name)
+    device = device_str(device)
+    arch, why = arch_here(device)
+    if arch is None:
+        return False, why
+    quiet_interpreter_noise()  # the probe may be the first kernel launch of the process
+    try:
+        op.probe(backend, device)
     except Exception as ex:  # noqa: BLE001 - the reason is the measurement
         return False, f"probe failed on {device}: {type(ex).__name__}: {ex}"
     return True, None
 
 
-def build_fingerprint(device: str) -> dict:
+# ---- what `rlk-triton check` found in this process ----
+# (op, backend name, device) -> {property: detail}. A descriptor's claim is tested by `rlk-triton
+# check`; when a check in this process contradicted it, the descriptor says so instead of repeating it.
+_FAILED_HERE: dict = {}
+# property a check tests -> the descriptor claims a failure of it contradicts
+CLAIMS = {"contract_accuracy": ("strict_eligible",),
+          "batch_invariant": ("batch_invariant", "strict_eligible"),
+          "bitwise_deterministic": ("bitwise_deterministic", "batch_invariant", "strict_eligible")}
+
+
+def record_check_failure(op: str, backend: str, prop: str, device, detail: str) -> None:
+    """Record that a check found `prop` (a key of CLAIMS) false for op.backend on `device` in this process."""
+    if prop not in CLAIMS:
+        from .errors import InputError
+
+        raise InputError("prop", f"{prop!r} is not one of {', '.join(CLAIMS)}")
+    _FAILED_HERE.setdefault((op, backend, device_str(device)), {})[prop] = detail
+
+
+def clear_check_failures() -> None:
+    _FAILED_HERE.clear()
+
+
+def build_fingerprint(device) -> dict:
+    """Versions, arch and locked-config hash of the build that runs on `device` (arch and locked_configs
+    are None when this machine lacks the device)."""
     import triton
 
     from . import __version__, configs
-    from ._runtime import arch_of
 
-    arch = arch_of(torch.device(device))
+    arch, _ = arch_here(device_str(device))
     return {"rlk_triton": __version__, "torch": torch.__version__, "triton": triton.__version__,
-            "arch": arch, "locked_configs": configs.fingerprint(arch)}
+            "arch": arch, "locked_configs": configs.fingerprint(arch) if arch else None}
 
 
-def describe(backend: Backend, device: str) -> dict:
-    """The JSON-serializable descriptor of a backend on `device`, availability measured."""
+def describe(backend: Backend, device) -> dict:
+    """The JSON-serializable descriptor of a backend on `device`, availability measured.
+
+    Its claims (strict_eligible, batch_invariant, ...) are tested by `rlk-triton check`; `failed_here`
+    lists what a check in this process found false, and the claims it contradicts read False."""
     from . import contracts
-    from ._runtime import arch_of
 
-    arch = arch_of(torch.device(device))
+    device = device_str(device)
+    arch, _ = arch_here(device)
     available, reason = measure_availability(backend.op, backend.name, device)
     d = asdict(backend)
     if arch == "interpreter" and backend.optimized:
         # Triton kernels under the interpreter compute the same function, but are not fast.
         d.update(optimized=False, notes=(backend.notes + " " if backend.notes else "")
                  + "runs under the Triton interpreter here: correct, not optimized")
+    failed = dict(_FAILED_HERE.get((backend.op, backend.name, device), {}))
+    for prop in failed:
+        d.update({claim: False for claim in CLAIMS[prop]})
+    if failed:
+        d["notes"] = (d["notes"] + " " if d["notes"] else "") + "failed here in rlk-triton check: " + ", ".join(failed)
+    # no such device here: its arch, hence the arch overrides of the contract rows, are unknown
     d.update(backend_id=backend.backend_id, device=device,
-             contract_ids={dt: contracts.contract_id(operator(backend.op).contract, dt, arch) for dt in backend.dtypes},
-             build_fingerprint=build_fingerprint(device), available=available, unavailable_reason=reason)
+             contract_ids={dt: contracts.contract_id(operator(backend.op).contract, dt, arch) if arch else None
+                           for dt in backend.dtypes},
+             build_fingerprint=build_fingerprint(device), available=available, unavailable_reason=reason,
+             claims_tested_by="rlk-triton check", failed_here=failed)
     d["dtypes"], d["parallel_modes"] = list(backend.dtypes), list(backend.parallel_modes)
     return d
 
 
-def capabilities(device: Optional[str] = None) -> list[dict]:
+def capabilities(device=None) -> list[dict]:
     """Descriptors of every backend of every operator on `device` (default: cuda if present, else cpu)."""
-    device = device or default_device()
+    device = device_str(device or default_device())
     return [describe(b, device) for op in operators() for b in op.backends]
