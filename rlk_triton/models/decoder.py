@@ -154,10 +154,13 @@ class DecoderModel(nn.Module):
 
         attend does the attention of each layer (training: varlen over cu_seqlens; rollout: the paged
         cache). record(name, tensor), if given, sees every op's output with one row per token:
-        "embed", "layers.{i}.input_norm", ".q", ".k", ".v" ([N, heads, D]; after q_norm / k_norm for
-        Qwen3), ".q_rope", ".k_rope", ".attn_out", ".attn_lse" ([N, Hq]), ".o_proj", ".residual_attn"
-        (the residual stream after the attention add), ".post_norm", ".gate", ".up", ".act", ".mlp",
-        then "final_norm". The tensors are the live autograd values (call retain_grad to see their
+        "embed", "layers.{i}.input_norm", ".q_proj", ".k_proj" (raw projections, Qwen3 only), ".q",
+        ".k", ".v" ([N, heads, D]; q / k after q_norm / k_norm for Qwen3), ".q_rope", ".k_rope",
+        ".attn_out" ([N, Hq, D]), ".attn_lse" ([N, Hq]), ".o_proj", ".residual_attn" (the residual
+        stream after the attention add), ".post_norm", ".gate", ".up", ".act", ".mlp", ".out" (the
+        residual stream after layer i; recorded by the next norm, which computes it), then
+        "final_norm". These are rlk_triton.probe's op names (a probe.Recording is a valid keyed
+        record callback). The tensors are the live autograd values (call retain_grad to see their
         gradient rows).
         """
         c = self.config
@@ -178,13 +181,15 @@ class DecoderModel(nn.Module):
                 h = rms_norm(x, layer.input_layernorm.weight, eps=c.rms_norm_eps)
             else:
                 h, residual = rms_norm(mlp_out, layer.input_layernorm.weight, eps=c.rms_norm_eps, residual=residual)
-                rec(p + "residual_in", residual)
+                rec(f"layers.{i - 1}.out", residual)
             rec(p + "input_norm", h)
             a = layer.self_attn
             q = a.q_proj(h).view(N, c.num_heads, c.head_dim)
             k = a.k_proj(h).view(N, c.num_kv_heads, c.head_dim)
             v = a.v_proj(h).view(N, c.num_kv_heads, c.head_dim)
             if c.qk_norm:
+                rec(p + "q_proj", q)
+                rec(p + "k_proj", k)
                 q = rms_norm(q, a.q_norm.weight, eps=c.rms_norm_eps)
                 k = rms_norm(k, a.k_norm.weight, eps=c.rms_norm_eps)
             rec(p + "q", q)
@@ -212,7 +217,8 @@ class DecoderModel(nn.Module):
         if residual is None:  # no layers
             final = rms_norm(x, self.model.norm.weight, eps=c.rms_norm_eps)
         else:
-            final, _ = rms_norm(mlp_out, self.model.norm.weight, eps=c.rms_norm_eps, residual=residual)
+            final, residual = rms_norm(mlp_out, self.model.norm.weight, eps=c.rms_norm_eps, residual=residual)
+            rec(f"layers.{c.num_layers - 1}.out", residual)
         rec("final_norm", final)
         return final
 

@@ -194,7 +194,7 @@ class RolloutEngine:
         """Run one packed forward over the running requests; returns the requests finished by it.
 
         record(name, tensor, keys), if given, sees every op's output of this step (decoder names,
-        plus "logp" for the sampled rows) with keys int64 [rows, 2] = (request id, position)."""
+        plus "logits" and "logp" for the sampled rows) with keys int64 [rows, 2] = (request id, position)."""
         self._admit()
         if not self.running:
             return []
@@ -253,6 +253,8 @@ class RolloutEngine:
                                       [len(r.generated) for r in reqs])
             logp = self._logp(h, logits, tokens, [r.params for r in reqs])
             if record is not None:
+                skeys = torch.tensor([[r.id, r.n_cached - 1] for r in reqs], dtype=torch.int64)
+                record("logits", logits, skeys)
                 record("logp", logp, torch.tensor([[r.id, r.n_cached - 1] for r in reqs], dtype=torch.int64))
             for j, r in enumerate(reqs):
                 t = int(tokens[j])

@@ -76,7 +76,7 @@ def train_forward(model: DecoderModel, tokens: torch.Tensor, cu_seqlens: torch.T
             (model-dtype logits + selected_logp; use_logits=True means this), "processed" (the
             top_k / top_p renormalized distribution from those logits).
         record: record(name, tensor, keys) for every op's output (decoder.forward_packed names,
-            plus "logp"), keys int64 [N, 2] = (seq_ids[s], position) per row.
+            plus "logits" outside "raw" mode and "logp"), keys int64 [N, 2] = (seq_ids[s], position) per row.
         seq_ids: the id of each sequence for record's keys (default 0 .. S - 1); pass the rollout's
             request ids to align a training pass with a rollout row by row.
     Returns:
@@ -126,7 +126,10 @@ def train_forward(model: DecoderModel, tokens: torch.Tensor, cu_seqlens: torch.T
         res = linear_logp(hidden, model.lm_head_weight, targets, temperature=temperature,
                           return_entropy=return_entropy, ignore_index=ignore_index)
     else:
-        res = score_logits(model.logits(hidden), targets, logp_mode=logp_mode, temperature=temperature,
+        logits = model.logits(hidden)
+        if rec2 is not None:
+            rec2("logits", logits)
+        res = score_logits(logits, targets, logp_mode=logp_mode, temperature=temperature,
                            top_k=top_k, top_p=top_p, return_entropy=return_entropy, ignore_index=ignore_index)
     if rec2 is not None:
         rec2("logp", res[0] if return_entropy else res)
