@@ -5,6 +5,7 @@ that the committed files equal what this module generates.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -79,12 +80,19 @@ def configs_md() -> str:
 GENERATED = {"docs/contracts.md": contracts_md, "docs/configs.md": configs_md}
 
 
-def main(root: str = ".") -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlk_triton.docgen",
+                                 description="Write the docs generated from contracts/*.yaml and rlk_triton/configs.py: "
+                                             + ", ".join(GENERATED) + ".")
+    ap.add_argument("root", nargs="?", default=".", help="the repository root to write under (default: .)")
+    args = ap.parse_args(argv)
+    if not Path(args.root, "docs").is_dir():  # a typo'd root would otherwise fail as FileNotFoundError
+        ap.error(f"root: {args.root!r} has no docs/ directory (give the repository root)")
     for rel, fn in GENERATED.items():
-        Path(root, rel).write_text(fn())
+        Path(args.root, rel).write_text(fn())
         print("wrote", rel)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main())

@@ -185,7 +185,8 @@ def resolve(
         bid = desc["backend_id"]
         if effective_fast == "off":
             reasons[bid] = "not taken: fast=off, the caller's native path runs" + (
-                " (op not in the allowlist)" if fast_mode != "off" else "")
+                " (op not in the allowlist)" if fast_mode != "off" else "") + (
+                "" if desc["available"] else f"; unavailable here: {desc['unavailable_reason']}")
         elif not desc["available"]:
             reasons[bid] = f"unavailable: {desc['unavailable_reason']}"
         elif dt not in desc["dtypes"]:

@@ -36,6 +36,13 @@ def test_cli_check_json():
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["passed"] and {r["check"] for r in report["rows"]} == {"parity", "invariance"}
+    assert report["total"] == len(report["rows"]) and report["failures"] == []
+    assert {"python", "torch", "triton", "numpy", "blas", "cuda", "cpu"} <= set(report["versions"])
+    assert report["fingerprint"] and all(r["results"] for r in report["rows"] if r["check"] == "invariance")
+    from rlk_triton import registry
+
+    ids = {b.backend_id: op.name for op in registry.operators() for b in op.backends}
+    assert all(ids.get(r["backend"]) == r["op"] for r in report["rows"])  # one spelling: the registry's ids
     checked = {(r["op"], r["backend"], r["check"]) for r in report["rows"]}
     for op in ("selected_logp", "ratio_kl", "policy_loss", "gae", "group_advantages"):
         for backend in ("triton", "torch_reference"):
