@@ -8,6 +8,11 @@
                                  every backend's descriptor, availability measured on this machine
   rlk-triton resolve OP --dtype D [--fast M] [--consistency M] [--device D]
                                  the mode policy's decision record (JSON); exit 1 when it fails
+  rlk-triton drift [--model PATH] [--prompts FILE] [--new-tokens N] [--seed S] [--device D]
+                   [--json FILE] [--chart FILE.png]
+                                 rollout vs training log-probs on one model: the control group
+                                 (transformers' kernels) beside rlk's rollout engine and training
+                                 path, the first divergent op; exit 1 when rlk drifts (needs .[hf])
   rlk-triton --version           rlk_triton, torch and triton versions
 
 A usage error (unknown operator, dtype, device or mode) is one line on stderr and exit status 2.
@@ -333,6 +338,23 @@ def _resolve(args) -> int:
     return 0
 
 
+def _drift(args) -> int:
+    device = args.device or _prepare_runtime()
+    if device == "cpu" or str(device).startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import matplotlib  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as ex:
+        from .errors import InputError
+
+        raise InputError("drift", f"needs the hf extra ({ex.name} is missing): pip install 'rlk-triton[hf]'") from None
+    from .drift import run
+
+    args.device = device
+    return run.main(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rlk-triton", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -358,6 +380,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--fast", default=None, help="off | auto | strict (default: RLK_FAST, else off)")
     r.add_argument("--consistency", default=None, help="off | audit | strict (default: RLK_CONSISTENCY, else off)")
     r.set_defaults(fn=_resolve)
+    d = sub.add_parser("drift", help="rollout vs training log-probs on a model: control group, rlk, first divergent op")
+    from .drift.run import add_arguments
+
+    add_arguments(d)
+    d.set_defaults(fn=_drift)
     return ap
 
 

@@ -27,7 +27,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the embedded model's size when --model is not given (gpu: 4 layers, hidden 1024, V 151936)")
     ap.add_argument("--prompts", help="jsonl of {\"ids\": [...]} or {\"text\": ...} (text needs --model's tokenizer)")
     ap.add_argument("--num-prompts", type=int, default=8, help="synthetic prompts when --prompts is not given")
-    ap.add_argument("--new-tokens", type=int, default=12, help="tokens sampled per prompt")
+    ap.add_argument("--new-tokens", type=int, default=8, help="tokens sampled per prompt")
     ap.add_argument("--seed", type=int, default=0, help="weights of the embedded model, prompts and sampling")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (logp at the same T)")
     ap.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 / bf16, float16 / fp16, float32 / fp32")
