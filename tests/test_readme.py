@@ -11,5 +11,5 @@ def test_two_setup_commands_and_ci_runs_the_test_one():
     commands = re.findall(r"```sh\n(.*?)\n```", section, re.S)
     assert len(commands) == 2
     main_job, tests = commands
-    assert "rlk-triton check" in main_job and "pytest" in tests
+    assert "rlk-triton drift" in main_job and "[hf]" in main_job and "pytest" in tests
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
