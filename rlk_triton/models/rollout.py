@@ -255,11 +255,11 @@ class RolloutEngine:
             if record is not None:
                 skeys = torch.tensor([[r.id, r.n_cached - 1] for r in reqs], dtype=torch.int64)
                 record("logits", logits, skeys)
-                record("logp", logp, torch.tensor([[r.id, r.n_cached - 1] for r in reqs], dtype=torch.int64))
-            for j, r in enumerate(reqs):
-                t = int(tokens[j])
+                record("logp", logp, skeys)
+            # one device-to-host copy per step for each, not two syncs per request
+            for r, t, lp in zip(reqs, tokens.tolist(), logp.tolist()):
                 r.tokens.append(t)
-                r.logps.append(float(logp[j]))
+                r.logps.append(lp)
                 if t in r.eos:
                     done.append((r, "eos"))
                 elif len(r.generated) >= r.max_new_tokens:

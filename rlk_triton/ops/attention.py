@@ -46,11 +46,6 @@ def _qk(q, k, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _dot_acc(a, b, acc, IEEE: tl.constexpr):
-    return mma(a, b, acc, IEEE)
-
-
-@triton.jit
 def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
     """Round an fp32 tile to the operands' dtype DT for a tensor-core dot (fp32: unchanged). Under the
     interpreter bf16 dots are wrong, so the rounded value is widened back (exact)."""
@@ -74,7 +69,7 @@ def attn_block_update(q, k, v, m, l, acc, qk_scale, valid, DT: tl.constexpr, UPC
     p = tl.exp2(s - shift[:, None])
     alpha = tl.exp2(m - shift)
     l = l * alpha + tl.sum(p, 1)
-    acc = _dot_acc(_lowp(p, DT, UPCAST), v, acc * alpha[:, None], IEEE)
+    acc = mma(_lowp(p, DT, UPCAST), v, acc * alpha[:, None], IEEE)
     return m_new, l, acc
 
 
@@ -274,8 +269,8 @@ def _bwd_dkdv_kernel(
             if CAUSAL:
                 valid = valid & (rn[None, :] <= rm[:, None])
             p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
-            dv = _dot_acc(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
-            dk = _dot_acc(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+            dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
+            dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
     tok_n = (start + rn).to(tl.int64)[:, None]
     tl.store(dk_ptr + tok_n * sdk_t + hk * sdk_h + rd[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=col_ok[:, None])
@@ -321,7 +316,7 @@ def _bwd_dq_kernel(
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
         p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
-        dq = _dot_acc(_lowp(ds, DT, UPCAST), k, dq, IEEE)
+        dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
     tl.store(dq_ptr + tok.to(tl.int64)[:, None] * sdq_t + h * sdq_h + rd[None, :],
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 

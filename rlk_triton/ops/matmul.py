@@ -51,8 +51,8 @@ def mma(a, b, acc, IEEE: tl.constexpr):
 
     Interpreter: each output element is acc + sum_k a[m, k] b[k, n], the products formed in fp32
     (exact for bf16 / fp16 operands) and summed over k in one order for every element and every
-    operand layout (_row_exact_dot), so a row's bits depend on its own operands only, never on its position in the
-    tile or its neighbours. The GPU's tensor-core order differs: the interpreter proves invariance
+    operand layout (_row_exact_dot), so a row's bits depend on its own operands only, never on its
+    position in the tile or its neighbours. The GPU's tensor-core order differs: the interpreter proves invariance
     of the library's structure (tiles, K steps, masks), the GPU proves it of the instructions."""
     if INTERPRETED_DOT:
         acc = acc + _row_exact_dot(a, b)
