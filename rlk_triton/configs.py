@@ -1,12 +1,19 @@
 """The locked launch configs: one table, no autotune.
 
-A config is a pure function of (kernel, arch, dtype, V bucket). It never depends on the number of
-rows, so a row is computed by the same code, with the same reduction tree, whatever batch it is in.
-The table is data: its fingerprint (hash of the table + triton version + arch) names a build, and
-docs/configs.md is generated from it.
+A config is a pure function of (kernel, arch, dtype, shape bucket). For most kernels the bucket is
+of a non-batch dim (V, hidden, head dim), so a row is computed by the same code, with the same
+reduction tree, whatever batch it is in. Two kernels also have buckets of the rows (the matmul's M,
+the decode's (sequence, kv head) pairs), because small batches want other tiles; those configs are
+members of a BIT CLASS (BIT_CLASSES): a set of configs claimed to give every element the same bits as
+the class's reference config, because they keep its reduction order (the K order of a dot, the KV block
+of attention) and change only tiling, warps, stages and scheduling. The claim is proved per build on
+the GPU (tests/test_config_classes.py, torch.equal); a config whose bits differ cannot be a member.
+The table is data: its fingerprint (hash of the table, the classes, the triton version and the arch)
+names a build, and docs/configs.md is generated from it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import hashlib
@@ -41,12 +48,45 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
+    # attention_decode: q heads per program, a divisor of the GQA group; 0 = the whole group (the kv
+    # head's K / V read once for all of its q heads). Which rows share a tile, never a row's math.
+    q_heads: int = 0
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
 V_BUCKETS = (1024, 8192, None)
 
 _DTYPES = ("bfloat16", "float16", "float32")
+
+
+# Row buckets (upper bounds, inclusive; the last is open). Matmul: M, the rows of a launch. Decode:
+# the (sequence, kv head) pairs of a step, the programs of the whole-group layout. The matmul's
+# small-M tiles also depend on N (a weight dim, not the batch): how many programs a row of tiles makes.
+M_BUCKETS = (16, 64, 256, None)
+N_BUCKETS = (4096, None)
+PAIR_BUCKETS = (64, None)
+
+
+def _row_bucket(prefix, bounds, n):
+    for hi in bounds:
+        if hi is None or n <= hi:
+            return f"{prefix}>{bounds[-2]}" if hi is None else f"{prefix}<={hi}"
+    raise AssertionError("unreachable: the last bucket is open")
+
+
+def m_bucket(M: int, N: int | None = None) -> str:
+    """The matmul's bucket: of M, and with N given, "m...,n..." (the table's keys)."""
+    m = _row_bucket("m", M_BUCKETS, M)
+    return m if N is None else f"{m},{_row_bucket('n', N_BUCKETS, N)}"
+
+
+def pair_bucket(pairs: int) -> str:
+    return _row_bucket("pairs", PAIR_BUCKETS, pairs)
+
+
+M_BUCKET_NAMES = tuple(m_bucket(m if m is not None else M_BUCKETS[-2] + 1, n if n is not None else N_BUCKETS[-2] + 1)
+                       for m in M_BUCKETS for n in N_BUCKETS)  # the last one: the class reference's
+PAIR_BUCKET_NAMES = tuple(pair_bucket(hi if hi is not None else PAIR_BUCKETS[-2] + 1) for hi in PAIR_BUCKETS)
 
 
 def _bucket_name(v_max):
@@ -70,11 +110,28 @@ def _rows():
             t[("selected_logp_bwd", arch, dt, "v<=1024")] = LaunchConfig(1024, 2, 1)
             t[("selected_logp_bwd", arch, dt, "v<=8192")] = LaunchConfig(2048 if two_byte else 1024, 2, 1)
             t[("selected_logp_bwd", arch, dt, "v>8192")] = LaunchConfig(2048 if two_byte else 1024, 2, 1)
+            # The forward's vocab split (ops/selected_logp.py): block_v = CHUNK_V, the columns of one
+            # (row, chunk) program, a multiple of the forward's block_v; num_warps = the merge kernel's.
+            # A function of V's bucket only, so every row count folds a row the same way; a row of at
+            # most 8192 columns is one chunk (the unsplit kernel's bits). V > 8192: 8192 2-byte columns
+            # (4 forward tiles; fp32: 4096, the same bytes). H200, 151936 bf16 columns, with the earlier
+            # sequential merge (docs/reports/h200-decode-sweep-2026-12-04.json): chunks of 16384 / 8192 /
+            # 4096 took 26 / 37 / 50 us at 64 rows, dominated by that merge's ~0.65 us per chunk; the
+            # one-step merge removes the chain, so the chunk is narrower (h200-decode-2026-12-04.json).
+            # 4 merge warps: its state tiles compile without spills (2 warps spill; triton 3.6, sm90).
+            t[("selected_logp_chunk", arch, dt, "v<=1024")] = LaunchConfig(16384 if two_byte else 8192, 4, 1)
+            t[("selected_logp_chunk", arch, dt, "v<=8192")] = LaunchConfig(16384 if two_byte else 8192, 4, 1)
+            t[("selected_logp_chunk", arch, dt, "v>8192")] = LaunchConfig(8192 if two_byte else 4096, 4, 1)
         # The interpreter pays about 1 ms per program-iteration: few, wide tiles.
         for kernel in ("selected_logp_fwd", "selected_logp_bwd"):
             t[(kernel, "interpreter", dt, "v<=1024")] = LaunchConfig(1024, 4, 1)
             t[(kernel, "interpreter", dt, "v<=8192")] = LaunchConfig(8192, 4, 1)
             t[(kernel, "interpreter", dt, "v>8192")] = LaunchConfig(16384, 4, 1)
+        # Interpreter chunks: two forward tiles, so that CPU tests past 32768 columns cover several
+        # chunks, a chunk of several tiles and a partial last chunk (V <= 8192 is always one chunk).
+        t[("selected_logp_chunk", "interpreter", dt, "v<=1024")] = LaunchConfig(2048, 4, 1)
+        t[("selected_logp_chunk", "interpreter", dt, "v<=8192")] = LaunchConfig(16384, 4, 1)
+        t[("selected_logp_chunk", "interpreter", dt, "v>8192")] = LaunchConfig(32768, 4, 1)
     # Per-token RL kernels over fp32 [B, T] (block_v = the tile of the dim a program streams: tokens
     # of a row, rows of the batch, members of a group). One bucket: they never depend on B or T.
     # The "cuda" rows are untuned defaults; the interpreter rows keep tests cheap.
@@ -150,7 +207,12 @@ def _matmul_rows():
             # The matmul on its persistent descriptor kernel where the operands allow it: 0.98-1.06x
             # cuBLAS against 0.77-0.93x on pointers at 8192^3 and LLM shapes, the same bits
             # (docs/reports/h200-matmul6-2026-12-03.json).
-            t[("matmul", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
+            # M > 256 is the class reference: 0.98-1.06x cuBLAS at large M. Small M is memory-bound
+            # (the weight read once): narrow tiles along N for more programs, long K steps, deep
+            # pipelines. Same K order of k16 MMA steps, so the same bits (bit class "matmul").
+            for bucket in M_BUCKET_NAMES:
+                t[("matmul", arch, dt, bucket)] = _SMALL_M[arch].get(
+                    bucket, MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma))
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
                                                                        persistent_tma=tma)
@@ -159,14 +221,19 @@ def _matmul_rows():
             # same bits (docs/reports/h200-round4-2026-12-03.json). d weight stays on the pointer
             # kernel: 713 TFLOP/s there against 688 through descriptors (h200-round2).
             t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
-        t[("matmul", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
+        for b in M_BUCKET_NAMES:  # fp32 (IEEE FMA, not a decode dtype): one config for every M
+            t[("matmul", arch, "float32", b)] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
         t[("linear_logp_dhidden", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
     # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
     # still give tests several chunks and several K steps.
     for dt in _DTYPES:
-        t[("matmul", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
+        # The interpreter's dot sums a K step with np.sum, whose order depends on BLOCK_K: its
+        # buckets change BLOCK_M / BLOCK_N only, so CPU tests cross a bucket boundary with equal bits.
+        for b in M_BUCKET_NAMES:
+            small = b.startswith("m<=16")
+            t[("matmul", "interpreter", dt, b)] = MatmulConfig(16 if small else 32, 32 if small else 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
         t[("linear_logp_dhidden", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
@@ -183,14 +250,46 @@ def _matmul_rows():
                                         ("float32", (64, 32, 4, 3), (32, 32, 4, 1), (32, 32, 4, 1))):
             for bucket, f, b in (("d<=128", fwd, (64, 64, 4, 2)), ("d256", fwd256, bwd256)):
                 t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
-                t[("attention_decode", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
+                for pairs in PAIR_BUCKET_NAMES:
+                    t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
                 t[("attention_bwd_dkdv", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
                 t[("attention_bwd_dq", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
-        for kernel in ("attention_fwd", "attention_decode", "attention_bwd_dkdv", "attention_bwd_dq"):
+        for kernel in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"):
             for bucket in ("d<=128", "d256"):
                 t[(kernel, "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1)
+        for bucket in ("d<=128", "d256"):  # both head layouts, so CPU tests cover both
+            t[("attention_decode", "interpreter", dt, f"{bucket},pairs<=64")] = MatmulConfig(16, 16, 0, 1, 4, 1, q_heads=1)
+            t[("attention_decode", "interpreter", dt, f"{bucket},pairs>64")] = MatmulConfig(16, 16, 0, 1, 4, 1)
     return t
+
+
+# Small-M matmul tiles (bf16 / fp16), from the H200 sweep of scripts/gpu_decode.py --sweep (every
+# candidate gave the reference's bits; docs/reports/h200-decode-sweep-2026-12-04.json): the best
+# worst-case ratio to cuBLAS over the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row
+# tiles (mma.sync: no 64-row wgmma tile of zeros) through TMA, narrow along N for enough programs.
+# The M > 256 rows are _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers.
+_SMALL_M = {"sm90": {
+    "m<=16,n<=4096": MatmulConfig(16, 32, 256, 1, 4, 4, persistent_tma=True),
+    "m<=16,n>4096": MatmulConfig(16, 64, 128, 1, 4, 5, persistent_tma=True),
+    "m<=64,n<=4096": MatmulConfig(64, 32, 128, 1, 4, 4),
+    "m<=64,n>4096": MatmulConfig(64, 64, 128, 1, 4, 5, persistent_tma=True),
+    "m<=256,n<=4096": MatmulConfig(128, 64, 128, 8, 8, 4, persistent_tma=True),
+    "m<=256,n>4096": MatmulConfig(128, 128, 64, 8, 8, 4, persistent_tma=True),
+}}
+_SMALL_M["cuda"] = {b: dataclasses.replace(c, persistent_tma=False) for b, c in _SMALL_M["sm90"].items()}
+
+
+def _decode_row(arch, dt, d_bucket, pairs, fwd):
+    """attention_decode's config: block_n is the forward's (the reduction order). On 2-byte dtypes at
+    d <= 128: 64-row tiles of (token, q head) rows with the whole GQA group per program (K / V read
+    once), 4 warps; 3 stages when few programs run (<= 64 pairs), else 2. H200 sweep (every candidate
+    bit-equal to the training forward): 64 x 4096 cached, 16 q / 8 kv heads, 0.29 ms against 0.54 ms
+    for one program per q head (docs/reports/h200-decode-sweep-2026-12-04.json). d256 / fp32 keep
+    the forward's tiles (untuned), also with the whole group per program."""
+    if dt != "float32" and d_bucket == "d<=128":
+        return MatmulConfig(64, fwd[1], 0, 1, 4, 3 if pairs == "pairs<=64" else 2)
+    return MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], fwd[3])
 
 
 LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = {**_rows(), **_matmul_rows()}
@@ -224,10 +323,29 @@ def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
         raise KeyError(f"no locked config for {key}") from None
 
 
-def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype) -> MatmulConfig:
-    """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype) only."""
+def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype, rows: int | None = None,
+                  cols: int | None = None) -> MatmulConfig:
+    """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype), and for a kernel with
+    row buckets (the matmul) of the buckets of `rows` (M) and `cols` (N): a member of the kernel's bit
+    class. rows=None gives the class reference (callers that need one config for every row count)."""
     dt = str(dtype).removeprefix("torch.")
-    key = (kernel, table_arch(arch, kernel), dt, "any")
+    arch_key = table_arch(arch, kernel)
+    key = (kernel, arch_key, dt, "any")
+    if key not in LOCKED_CONFIGS:
+        key = (kernel, arch_key, dt, M_BUCKET_NAMES[-1] if rows is None else m_bucket(rows, cols or 1))
+    try:
+        return LOCKED_CONFIGS[key]
+    except KeyError:
+        raise KeyError(f"no locked config for {key}") from None
+
+
+def lookup_decode(arch: str, dtype: torch.dtype, head_dim: int, pairs: int | None = None) -> MatmulConfig:
+    """attention_decode's config for a step of `pairs` (sequence, kv head) pairs; None: the largest
+    bucket. Every bucket shares the forward's block_n (test_config_classes)."""
+    dt = str(dtype).removeprefix("torch.")
+    pb = PAIR_BUCKET_NAMES[-1] if pairs is None else pair_bucket(pairs)
+    key = ("attention_decode", table_arch(arch, "attention_decode"), dt,
+           f"{'d<=128' if head_dim <= 128 else 'd256'},{pb}")
     try:
         return LOCKED_CONFIGS[key]
     except KeyError:
@@ -253,6 +371,51 @@ def lookup_fixed(kernel: str, arch: str) -> LaunchConfig:
         raise KeyError(f"no locked config for {key}") from None
 
 
+@dataclass(frozen=True)
+class BitClass:
+    """Configs claimed to give every output element the same bits as the reference config.
+
+    What a member keeps is the reduction order of each element (the ascending k16 MMA steps of a dot,
+    the KV block of attention's online softmax, the row-local softmax tree of a 64-row wgmma tile);
+    what it may change is tiling, which rows share a tile, warps, stages, persistence and TMA. The
+    claim holds per build: tests/test_config_classes.py runs every member against the reference with
+    torch.equal on the GPU, and scripts/aot_compile_check.py reports each member's MMA instructions."""
+    name: str
+    reference: tuple  # a LOCKED_CONFIGS key
+    members: tuple  # LOCKED_CONFIGS keys, the reference's bucket siblings (the reference among them)
+    # The sm90 MMA instruction families (N size dropped) its members may compile to: those the GPU gate
+    # ran bit-equal (scripts/aot_compile_check.py fails a member outside them).
+    families: tuple = ()
+
+
+def _families(dt: str, kernel: str) -> tuple:
+    """Hopper's warpgroup MMA with k16 steps over 2-byte operands, and for the matmul also the
+    16-row mma.sync of its M <= 16 tiles: the H200 sweep found both give each element the same bits
+    (fp32: IEEE FMA, no tensor cores)."""
+    if dt == "float32":
+        return ()
+    ab = "bf16.bf16" if dt == "bfloat16" else "f16.f16"
+    fams = (f"wgmma.mma_async.sync.aligned.m64nNk16.f32.{ab}",)
+    return fams + ((f"mma.sync.aligned.m16nNk16.row.col.f32.{ab}.f32",) if kernel == "matmul" else ())
+
+
+def _bit_classes() -> tuple[BitClass, ...]:
+    out = []
+    for (kernel, arch, dt, bucket) in LOCKED_CONFIGS:
+        if kernel == "matmul" and bucket == M_BUCKET_NAMES[-1]:
+            out.append(BitClass(f"matmul/{arch}/{dt}", (kernel, arch, dt, bucket),
+                                tuple(("matmul", arch, dt, b) for b in M_BUCKET_NAMES), _families(dt, kernel)))
+        if kernel == "attention_fwd":
+            out.append(BitClass(f"attention/{arch}/{dt}/{bucket}", (kernel, arch, dt, bucket),
+                                ((kernel, arch, dt, bucket),)
+                                + tuple(("attention_decode", arch, dt, f"{bucket},{p}") for p in PAIR_BUCKET_NAMES),
+                                _families(dt, kernel)))
+    return tuple(out)
+
+
+BIT_CLASSES: tuple[BitClass, ...] = _bit_classes()
+
+
 def table_as_data() -> list[dict]:
     return [
         {"kernel": k, "arch": a, "dtype": d, "v_bucket": b, **asdict(c)}
@@ -264,6 +427,7 @@ def fingerprint(arch: str | None = None) -> str:
     """Hash of the locked-config table, the triton version and the arch: names the compiled semantics."""
     arch = arch or default_arch()
     payload = json.dumps(
-        {"table": table_as_data(), "triton": triton.__version__, "arch": arch}, sort_keys=True
+        {"table": table_as_data(), "classes": [asdict(c) for c in BIT_CLASSES], "triton": triton.__version__,
+         "arch": arch}, sort_keys=True
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -9,8 +9,12 @@ Each row carries a digest of the kernel's PTX without its debug info (`.loc` / `
 debug sections) and its MMA instructions: with --baseline, a row whose digest differs from the
 earlier report's is printed CHANGED (a refactor that claims "same instructions" must print SAME).
 
+Every member of the sm90 bf16 bit classes (configs.BIT_CLASSES: the matmul's M buckets, the decode
+configs) is compiled too, and its MMA instruction families checked against the class's: a member that
+compiles to another family (mma.sync instead of wgmma, another K step) leaves what the GPU gate proved.
+
 Needs the triton version of the GPU machine (3.6: its ptxas ships in the wheel). Exit code 1 when
-a kernel fails to compile or needs more shared memory than the H200 has.
+a kernel fails to compile, needs more shared memory than the H200 has, or leaves its class's families.
 """
 import argparse
 import collections
@@ -185,13 +189,13 @@ def attention_cases():
                       qk_scale=0.1, kv_lo=0, kv_hi=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True, STATE_IN=False,
                       STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m, BLOCK_N=f.block_n),
                  f.num_warps, f.num_stages))
-    d = configs.lookup_attention("attention_decode", "sm90", bf, D)
+    d = configs.lookup_decode("sm90", bf, D)
     cache = _t(64, 256, Hkv, D)
     rows.append(("attention _decode_kernel", at._decode_kernel,
                  dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
                       bt_ptr=_t(2, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D, skc_h=D,
                       svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
-                      page_size=256, qk_scale=0.1, GROUP=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
+                      page_size=256, qk_scale=0.1, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
                       BLOCK_M=d.block_m, BLOCK_N=d.block_n), d.num_warps, d.num_stages))
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
                sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
@@ -205,6 +209,58 @@ def attention_cases():
                  dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n),
                  c.num_warps, c.num_stages))
     return rows
+
+
+def mma_families(mma: dict) -> list:
+    """The instruction families of an mma count: the instruction with its N size dropped (a wgmma tile
+    of 64 or 256 columns is one family; mma.sync vs wgmma, the K step or the operand types are not)."""
+    return sorted({re.sub(r"n\d+k", "nNk", name) for name in mma})
+
+
+def class_cases():
+    """Every member of the sm90 bf16 bit classes (configs.BIT_CLASSES), with its class: each must
+    compile to MMA families that the class lists (the families the GPU gate proved bit-equal)."""
+    from rlk_triton.ops import attention as at
+    from rlk_triton.ops import matmul as mm
+
+    bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    out = []
+    for cls in configs.BIT_CLASSES:
+        if cls.reference[1] != "sm90" or cls.reference[2] != "bfloat16" or cls.reference[3] == "d256":
+            continue
+        for key in cls.members:
+            cfg = configs.LOCKED_CONFIGS[key]
+            name = f"class {cls.name}: {key[0]} [{key[3]}]"
+            if key[0] == "matmul":
+                M, N, K = 64, 4096, 4096
+                a_op, w = _t(M, K), _t(N, K)
+                if cfg.persistent_tma:
+                    args = dict(a_desc=TensorDescriptor.from_tensor(a_op, [cfg.block_m, cfg.block_k]),
+                                b_desc=TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]),
+                                c_in_ptr=_t(M, N), stride_cm=N, out_ptr=_t(M, N), stride_om=N, bias_ptr=_t(N),
+                                M=M, N=N, K=K, n_progs=132, ACCUMULATE=False, HAS_BIAS=False, UPCAST=False,
+                                IEEE=False, B_T=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+                    out.append((cls, name + " (descriptors)", mm._matmul_desc_kernel, args, cfg.num_warps,
+                                cfg.num_stages))
+                else:
+                    args = dict(a_ptr=a_op, stride_am=K, stride_ak=1, b_ptr=w, stride_bk=1, stride_bn=K,
+                                c_in_ptr=_t(M, N), stride_cm=N, stride_cn=1, out_ptr=_t(M, N), stride_om=N,
+                                stride_on=1, bias_ptr=_t(N), M=M, N=N, K=K, ACCUMULATE=False, HAS_BIAS=False,
+                                UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+                    out.append((cls, name + " (pointers)", mm._matmul_kernel, args, cfg.num_warps, cfg.num_stages))
+            elif key[0] == "attention_decode":
+                Hq, Hkv, D, N = 16, 8, 128, 64
+                q, lse, cu, cache = _t(N, Hq, D), _t(Hq, N, dtype=f32), _t(65, dtype=i32), _t(64, 256, Hkv, D)
+                group = Hq // Hkv
+                args = dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
+                            bt_ptr=_t(64, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D,
+                            skc_h=D, svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N,
+                            sbt_b=32, page_size=256, qk_scale=0.1, GROUP=group, HEADS=at.decode_heads(cfg, group),
+                            HEAD_DIM=D, UPCAST=False, IEEE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                out.append((cls, name, at._decode_kernel, args, cfg.num_warps, cfg.num_stages))
+    return out
 
 
 def dataclass_replace(obj, **kw):
@@ -238,6 +294,21 @@ def main():
         same = "" if name not in before else ("  SAME PTX" if before[name] == digest else "  CHANGED PTX")
         print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, mma {mma}{same}"
               + (f"  {err}" if err else ""), flush=True)
+    for cls, name, kernel, kargs, warps, stages in class_cases():
+        try:
+            shared, spills, ptx, err = compile_for_sm90(kernel, kargs, warps, stages)
+        except Exception:  # noqa: BLE001
+            shared, spills, ptx, err = None, None, None, traceback.format_exc()[-600:]
+        fams = mma_families(mma_instructions(ptx)) if ptx else []
+        outside = sorted(set(fams) - set(cls.families))
+        fits = shared is not None and shared <= H200_SMEM_PER_BLOCK and not outside
+        ok &= fits
+        rows.append({"kernel": name, "class": cls.name, "num_warps": warps, "num_stages": stages,
+                     "shared_bytes": shared, "spill_store_bytes": spills, "fits_h200": fits,
+                     "mma_families": fams, "outside_class_families": outside, "error": err})
+        print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, families {fams}"
+              + (f"  OUTSIDE the class's {list(cls.families)}" if outside else "") + (f"  {err}" if err else ""),
+              flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"triton": triton.__version__, "target": "cuda sm90", "smem_limit": H200_SMEM_PER_BLOCK,

@@ -55,8 +55,13 @@ def test_per_token_rl_kernels_have_one_bucket_on_every_arch():
     assert list(inspect.signature(configs.lookup_fixed).parameters) == ["kernel", "arch"]
 
 
-def test_matmul_tiles_are_row_count_free_and_chunks_whole_tiles():
-    assert list(inspect.signature(configs.lookup_matmul).parameters) == ["kernel", "arch", "dtype"]
+def test_fused_kernel_tiles_are_row_count_free_and_chunks_whole_tiles():
+    # rows / cols pick a member of the matmul's bit class; linear_logp's fused kernels have one config
+    assert list(inspect.signature(configs.lookup_matmul).parameters) == ["kernel", "arch", "dtype", "rows", "cols"]
+    for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
+        for rows in (1, 17, 4096):
+            assert configs.lookup_matmul(kernel, "sm90", torch.bfloat16, rows) == \
+                configs.lookup_matmul(kernel, "sm90", torch.bfloat16)
     for kernel in ("matmul", "linear_logp_fwd", "linear_logp_dlogits"):
         for arch in ("interpreter", "sm90", "sm80"):
             for dt in (torch.bfloat16, torch.float16, torch.float32):

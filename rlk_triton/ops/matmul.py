@@ -7,8 +7,11 @@ the order inside one tl.dot is the tensor-core instruction's, fixed for a (dtype
 With ACCUMULATE, C_in is added once, after the K loop: out = C_in + dot, which lets a caller chain
 K ranges (linear_logp's vocab chunks) in a fixed order.
 
-Tiles come from configs.lookup_matmul (kernel, arch, dtype): never from M, so a row of the output is
-the same instructions on the same operands whatever the number of rows; the grid order (GROUP_M
+Tiles come from configs.lookup_matmul (kernel, arch, dtype, bucket of M). The buckets of one
+(arch, dtype) form a bit class (configs.BIT_CLASSES): every member keeps the reduction order above
+with one BLOCK_K-independent sequence of k16 MMA steps per element (the accumulator is updated in
+place), and changes only tiles, warps, stages and scheduling, so a row is the same bits at M = 1 and
+inside M = 4096; tests/test_config_classes.py proves it per build on the GPU. The grid order (GROUP_M
 swizzle for L2 reuse) decides only when a tile runs, not what it computes.
 """
 from __future__ import annotations
@@ -261,7 +264,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
         base = c_in.float() if c_in is not None else torch.zeros(out.shape, device=out.device)
         out.copy_(base + bias.float() if bias is not None else base)
         return out
-    cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype)
+    cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
     upcast, ieee = operand_flags(a.dtype)
     c = c_in if c_in is not None else out
     b_t = b.stride(0) == 1 and b.stride(1) != 1
