@@ -236,7 +236,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if k_cache.shape[3] != q.shape[2]:
         raise ShapeError("k_cache", f"head dim {k_cache.shape[3]} differs from q's {q.shape[2]}")
     _check_heads(q, k_cache.shape[2], "k_cache")
-    bn = configs.lookup_attention("attention_decode", arch_of(q.device), q.dtype, q.shape[-1]).block_n
+    bn = configs.lookup_decode(arch_of(q.device), q.dtype, q.shape[-1]).block_n
     page_size = k_cache.shape[1]
     if page_size == 0 or page_size % bn:
         raise LayoutError("k_cache", f"page_size {page_size} must be a multiple of block_n = {bn} (a KV "

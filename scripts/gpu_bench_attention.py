@@ -152,7 +152,7 @@ def main():
         q, k, v = (torch.randn(N, h, D, device="cuda", generator=g).to(torch.bfloat16) for h in (H, HKV, HKV))
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
         out, lse = attention(q, k, v, cu)
-        bn = configs.lookup_attention("attention_decode", default_arch(), torch.bfloat16, D).block_n
+        bn = configs.lookup_decode(default_arch(), torch.bfloat16, D).block_n
         res = {}
         for page_mult, chunk in ((1, 1000), (4, 333), (2, 1)):
             kc, vc, bt = paged(k, v, lens, page_mult * bn)

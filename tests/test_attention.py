@@ -18,7 +18,10 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _block_n(device, dtype, kernel="attention_fwd", head_dim=128):
-    return configs.lookup_attention(kernel, arch_of(torch.device(device)), dtype, head_dim).block_n
+    arch = arch_of(torch.device(device))
+    if kernel == "attention_decode":
+        return configs.lookup_decode(arch, dtype, head_dim).block_n
+    return configs.lookup_attention(kernel, arch, dtype, head_dim).block_n
 
 
 # ---- the float64 reference ----
@@ -177,9 +180,9 @@ def _paged(k, v, lens, cu, page_size, device, gen):
     perm = torch.randperm(n_pages, generator=gen)
     bt = perm[:per_seq * len(lens)].reshape(len(lens), per_seq).to(torch.int32)
     for b, L in enumerate(lens):
-        for t in range(L):
-            kc[bt[b, t // page_size], t % page_size] = k[cu[b] + t]
-            vc[bt[b, t // page_size], t % page_size] = v[cu[b] + t]
+        t = torch.arange(L)
+        kc[bt[b, t // page_size].long(), t % page_size] = k[cu[b]:cu[b] + L].to(kc.device)
+        vc[bt[b, t // page_size].long(), t % page_size] = v[cu[b]:cu[b] + L].to(vc.device)
     return kc, vc, bt.to(device)
 
 
@@ -222,12 +225,19 @@ def test_decode_bitwise_equals_training(device, dtype, page_mult, chunks):
     assert torch.equal(l2, lse), (l2 - lse).abs().max()
 
 
-def test_decode_and_forward_share_tiles():
-    """Bitwise decode rests on the decode kernel running the forward's tiles and warps."""
+def test_decode_and_forward_share_the_kv_block():
+    """Bitwise decode rests on every decode config folding the forward's KV blocks (block_n: the
+    reduction order) and being a member of the forward's bit class (the GPU gate proves the rest)."""
+    n = 0
     for (kernel, arch, dt, b), cfg in configs.LOCKED_CONFIGS.items():
         if kernel == "attention_fwd":
-            dec = configs.LOCKED_CONFIGS[("attention_decode", arch, dt, b)]
-            assert (dec.block_m, dec.block_n, dec.num_warps) == (cfg.block_m, cfg.block_n, cfg.num_warps)
+            for pairs in configs.PAIR_BUCKET_NAMES:
+                dec = configs.LOCKED_CONFIGS[("attention_decode", arch, dt, f"{b},{pairs}")]
+                assert dec.block_n == cfg.block_n
+                cls = next(c for c in configs.BIT_CLASSES if c.reference == (kernel, arch, dt, b))
+                assert ("attention_decode", arch, dt, f"{b},{pairs}") in cls.members
+                n += 1
+    assert n >= 2 * 3 * 3
 
 
 @pytest.mark.gpu

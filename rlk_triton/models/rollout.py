@@ -116,7 +116,7 @@ class RolloutEngine:
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
         dev = model.device
-        block_n = configs.lookup_attention("attention_decode", arch_of(dev), model.dtype, c.head_dim).block_n
+        block_n = configs.lookup_decode(arch_of(dev), model.dtype, c.head_dim).block_n
         self.page_size = block_n if page_size is None else int(page_size)
         if self.page_size < 1 or self.page_size % block_n:
             raise LayoutError("page_size", f"{self.page_size} must be a multiple of the attention block_n = {block_n}")

@@ -15,11 +15,14 @@ for dk / dv (q heads of the group, then query blocks, in ascending order) and on
 query block, q head) for dq (KV blocks ascending). No atomics: every gradient element is written by
 exactly one program, so the backward is deterministic and batch-invariant.
 
-Decode: the same tiles (block_m, block_n, num_warps locked equal to the forward's), query blocks aligned
-to absolute positions multiple of BLOCK_M, and keys read through the block table by LOGICAL block of
-BLOCK_N keys from position 0. page_size must be a multiple of BLOCK_N so that a KV block never
-straddles two pages. A token therefore sees the same instructions on the same operands as in the
-training forward: the same out and LSE bits.
+Decode: one program per (query row block, sequence, kv head) by default: its rows are the (new token,
+q head) pairs of the kv head's GQA group, so K / V are read once for all of the group's q heads. KV
+blocks of BLOCK_N keys (locked equal to the forward's) are read through the block table by LOGICAL
+block from position 0; page_size must be a multiple of BLOCK_N so that a KV block never straddles two
+pages. Each row folds the same KV blocks with the same masked scores as in the training forward; the
+blocks past its own position (another row of the tile reaches further) leave its state unchanged. Which
+rows share a tile, block_m and num_warps are free only as far as the GPU gate proves: the configs of
+the decode kernel form a bit class with the forward's (configs.BIT_CLASSES, tests/test_config_classes.py).
 """
 from __future__ import annotations
 
@@ -160,30 +163,37 @@ def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cuq_ptr, kvlen_ptr, bt_ptr,
     sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
     page_size, qk_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # One program per (row block, sequence, head set): a head set is HEADS consecutive q heads of one
+    # kv head's group (HEADS = GROUP: the kv head's K / V are read once for all of its q heads).
+    # Its rows are (new token, head) pairs, token-major: row i = token i // HEADS, head i % HEADS.
     j = tl.program_id(0)
     b = tl.program_id(1)
-    h = tl.program_id(2)
+    h0 = tl.program_id(2) * HEADS
+    hk = h0 // GROUP
     q_start = tl.load(cuq_ptr + b)
     n_new = tl.load(cuq_ptr + b + 1) - q_start
     kv_len = tl.load(kvlen_ptr + b)  # the sequence's length, new tokens included
     p0 = kv_len - n_new  # position of the first new token
-    # Query blocks aligned to absolute positions, as in training: the same rows share a tile.
-    mb = p0 // BLOCK_M + j
-    if (n_new <= 0) | (mb * BLOCK_M >= kv_len):
+    if j * BLOCK_M >= n_new * HEADS:
         return
-    hk = h // GROUP
-    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    ri = j * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = ri < n_new * HEADS
+    t_new = ri // HEADS
+    h = h0 + ri % HEADS
+    pos = p0 + t_new  # each row's absolute position: its causal bound
+    tok = q_start + t_new
     rd = tl.arange(0, HEAD_DIM)
-    row_ok = (rm >= p0) & (rm < kv_len)
-    tok = q_start + rm - p0
-    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * sq_t + h[:, None] * sq_h + rd[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    hi = tl.minimum((mb + 1) * BLOCK_M, kv_len)
+    hi = tl.minimum(p0 + (tl.minimum((j + 1) * BLOCK_M, n_new * HEADS) - 1) // HEADS + 1, kv_len)
     for n0 in range(0, hi, BLOCK_N):  # logical KV blocks from position 0, ascending
         page = tl.load(bt_ptr + b * sbt_b + n0 // page_size).to(tl.int64)
         slot = n0 % page_size + tl.arange(0, BLOCK_N)  # page_size % BLOCK_N == 0: one page
@@ -191,11 +201,13 @@ def _decode_kernel(
         col_ok = rn < hi
         k = _load_rows(kc_ptr + page * skc_p + hk * skc_h, slot, col_ok, skc_s, rd, UPCAST)
         v = _load_rows(vc_ptr + page * svc_p + hk * svc_h, slot, col_ok, svc_s, rd, UPCAST)
-        valid = col_ok[None, :] & (rn[None, :] <= rm[:, None])
+        # The training forward's mask for these rows: keys past a row's position are invisible. Blocks
+        # past a row's own bound (another row of the tile reaches further) leave its state unchanged.
+        valid = col_ok[None, :] & (rn[None, :] <= pos[:, None])
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, vc_ptr.dtype.element_ty,
                                       UPCAST, IEEE)
     out, lse = attn_finalize(m, l, acc)
-    tl.store(out_ptr + tok.to(tl.int64)[:, None] * so_t + h * so_h + rd[None, :],
+    tl.store(out_ptr + tok.to(tl.int64)[:, None] * so_t + h[:, None] * so_h + rd[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(lse_ptr + h * slse_h + tok, lse, mask=row_ok)
 
@@ -366,23 +378,29 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
     return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
 
 
-def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, scale):
+def decode_heads(cfg, group: int) -> int:
+    """q heads per decode program: the config's q_heads (a divisor of the group), 0 = the whole group."""
+    return group if cfg.q_heads == 0 or group % cfg.q_heads else cfg.q_heads
+
+
+def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, scale, cfg=None):
     N, Hq, D = q.shape
     B = cache_seqlens.numel()
     out = torch.empty_like(q)
     lse = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
     if N == 0 or B == 0:
         return out, lse
-    cfg = _cfg("attention_decode", q)
+    group = Hq // k_cache.shape[2]
+    cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2])
+    heads = decode_heads(cfg, group)
     upcast, ieee = operand_flags(q.dtype)
-    # A chunk of n tokens spans at most cdiv(n, block_m) + 1 query blocks (it need not start on one).
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m) + 1, B, Hq)
+    grid = (triton.cdiv(max_seqlen_q * heads, cfg.block_m), B, Hq // heads)
     _decode_kernel[grid](
         q, k_cache, v_cache, out, lse, cu_seqlens_q, cache_seqlens, block_table,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), lse.stride(0),
         block_table.stride(0), k_cache.shape[1], scale * LOG2E,
-        GROUP=Hq // k_cache.shape[2], HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
+        GROUP=group, HEADS=heads, HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
