@@ -65,16 +65,20 @@ def _compiled_variants(kernel) -> int:
 
 @pytest.mark.gpu
 def test_changing_temperature_never_recompiles():
-    from rlk_triton.ops.selected_logp import _bwd_kernel, _fwd_kernel
+    from rlk_triton.ops.selected_logp import _bwd_kernel, _fwd_kernel, _fwd_merge_kernel
 
-    x = torch.randn(8, 5000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    t = torch.randint(0, 5000, (8,), device="cuda")
-    selected_logp(x, t, temperature=1.0).sum().backward()
-    before = _compiled_variants(_fwd_kernel), _compiled_variants(_bwd_kernel)
-    assert before[0] >= 1 and before[1] >= 1
+    kernels = (_fwd_kernel, _fwd_merge_kernel, _bwd_kernel)
+    # V = 5000: one vocab chunk; V = 151936: the split forward and its merge kernel
+    xs = [torch.randn(8, V, device="cuda", dtype=torch.bfloat16, requires_grad=True) for V in (5000, 151936)]
+    ts = [torch.randint(0, x.shape[-1], (8,), device="cuda") for x in xs]
+    for x, t in zip(xs, ts):
+        selected_logp(x, t, temperature=1.0).sum().backward()
+    before = tuple(_compiled_variants(k) for k in kernels)
+    assert min(before) >= 1
     for T in (0.3, 0.7, 1.3, 2.0, 1, 16.0):
-        selected_logp(x, t, temperature=T).sum().backward()
-    assert (_compiled_variants(_fwd_kernel), _compiled_variants(_bwd_kernel)) == before
+        for x, t in zip(xs, ts):
+            selected_logp(x, t, temperature=T).sum().backward()
+    assert tuple(_compiled_variants(k) for k in kernels) == before
 
 
 @pytest.mark.gpu

@@ -7,7 +7,23 @@ Reduction order (every kernel that reduces along a row with these helpers):
   3. Inside a tile, tl.max / tl.sum reduce BLOCK_V lanes with the tree the compiler emits for that
      (BLOCK_V, num_warps); it is fixed for a given config and build, never data- or batch-dependent.
   4. Everything is fp32; inputs are upcast on load (also what the interpreter needs for bf16).
-One program owns one row, so no result ever mixes rows and no atomics are involved.
+One program owns one row (in selected_logp's forward, one chunk of a row: steps 5-7), so no result
+ever mixes rows and no atomics are involved.
+
+selected_logp's forward adds a chunk level above the tiles (rlk_triton/ops/selected_logp.py):
+  5. The row is cut into chunks of CHUNK_V consecutive columns (configs "selected_logp_chunk", a
+     multiple of BLOCK_V and a function of (arch, dtype, V bucket) only): chunk c holds the tiles
+     c * CHUNK_V / BLOCK_V, ... of steps 1-3, in increasing order, from the empty state; the row's
+     masked tail tile is the last tile of the last chunk.
+  6. The chunk states merge into the row's state in one step (merge_all_softmax_states below): the
+     row max over the chunk maxima, then each chunk's s (and t, re-anchored) scaled to it and summed
+     by one tl.sum over next_pow2(chunks) lanes, the compiler's fixed tree for that width (chunks
+     past the last are empty states: zero terms). One row per row of the merge kernel's tile.
+     (A sequential fold, chunk after chunk, costs ~0.65 us per chunk of serial latency on the H200:
+     26 us at 64 rows x 151936 with 10 chunks; the one-step merge has no chain.)
+  7. A row of one chunk (V <= CHUNK_V) skips step 6 and finishes in the chunk's program, with the
+     bits of steps 1-4.
+The number of chunks and their bounds depend on V and the locked width only, never on the row count.
 
 Online softmax state, in natural-log units, for x = logits / T:
   m   running max of x seen so far (-inf before any finite value)
@@ -95,6 +111,21 @@ def merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
             + beta * (t_c + tl.where(s_c > 0.0, (m_c - shift) * s_c, 0.0))
     s = s * alpha + s_c * beta
     return m_new, s, t
+
+
+@triton.jit
+def merge_all_softmax_states(m_c, s_c, t_c, WITH_ENTROPY: tl.constexpr):
+    """Merge [rows, chunks] chunk states (empty ones: m = -inf, s = t = 0) into per-row states in one
+    step: m = max_c m_c; s = sum_c s_c e^(m_c - m); t = sum_c e^(m_c - m) (t_c + (m_c - m) s_c)."""
+    m = tl.max(m_c, 1)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    d = m_c - shift[:, None]
+    beta = tl.exp2(d * 1.4426950408889634)  # 0 for an empty chunk
+    s = tl.sum(s_c * beta, 1)
+    t = tl.zeros_like(s)
+    if WITH_ENTROPY:
+        t = tl.sum(beta * (t_c + tl.where(s_c > 0.0, d * s_c, 0.0)), 1)
+    return m, s, t
 
 
 # ---- Sums of products along a row, and the row-block partition of dW (RMSNorm) ----

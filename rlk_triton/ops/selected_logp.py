@@ -1,8 +1,15 @@
 """Selected-token log-probabilities (and entropy) from logits: kernels, launchers, custom ops.
 
-Forward: one program per scored row streams the row's vocab tiles once (reduction.py gives the
-order) and writes fp32 logp, entropy and the two row statistics the backward needs (max and
-log-sum, kept apart so that exp(x - lse) stays exact for logits of size ~1e4).
+Forward: the row's vocab is split into chunks of CHUNK_V columns (configs "selected_logp_chunk", a
+function of (arch, dtype, V bucket) only), so that a few rows still fill the GPU:
+  1. `_fwd_kernel`, grid (scored rows, chunks): streams its chunk's tiles once, in increasing
+     order, and stores the chunk's softmax state (m, s, t) in an fp32 workspace [2 or 3, rows, chunks].
+  2. `_fwd_merge_kernel`, MERGE_ROWS rows per program: merges each row's chunk states in one step
+     (reduction.merge_all_softmax_states) and writes fp32 logp, entropy and the two row statistics the backward needs (max and
+     log-sum, kept apart so that exp(x - lse) stays exact for logits of size ~1e4).
+A row of one chunk (V <= CHUNK_V) is finished by `_fwd_kernel` itself (FINISH): the same bits, as a
+merge of one state into the empty state is exact, and no workspace or second launch. Which path
+runs and every row's reduction order depend on V only (reduction.py gives the order).
 Backward: elementwise per (row, vocab tile); no reduction, no atomics.
 
 Row addressing: row r of the [..., V] logits starts at
@@ -19,53 +26,128 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .reduction import log_of_sum, online_softmax_tile
+from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
 
 
-@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index"])
-def _fwd_kernel(
-    logits_ptr, stride_outer, stride_inner, inner_size,
-    target_ptr, row_index_ptr, temperature_ptr, temperature,
-    logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
-    V, ignore_index,
-    HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    pid = tl.program_id(0)
+@triton.jit
+def _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid,
+               HAS_ROW_INDEX: tl.constexpr):
+    """Address of the first logit of scored row pid (a scalar, or a vector of scored rows)."""
     if HAS_ROW_INDEX:
         row = tl.load(row_index_ptr + pid).to(tl.int64)
     else:
         row = pid.to(tl.int64)
-    row_ptr = logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
+    return logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
+
+
+@triton.jit
+def _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE: tl.constexpr):
     if PER_ROW_TEMPERATURE:
         temperature = tl.load(temperature_ptr + pid)
-    inv_t = 1.0 / tl.cast(temperature, tl.float32)
+    return 1.0 / tl.cast(temperature, tl.float32)
+
+
+@triton.jit
+def _row_results(m, s, t, x_t, target, V, ignore_index):
+    """(logp, log-sum, entropy) of a row from its softmax state and its target's x (elementwise)."""
+    log_s = log_of_sum(s)
+    logp = (x_t - m) - log_s  # subtract the max first: exact for x_t close to it
+    logp = tl.where((target >= 0) & (target < V), logp, float("nan"))
+    logp = tl.where(target == ignore_index, 0.0, logp)
+    return logp, log_s, log_s - t / s
+
+
+# n_rows / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
+# constant, which has no .to().
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks"])
+def _fwd_kernel(
+    logits_ptr, stride_outer, stride_inner, inner_size,
+    target_ptr, row_index_ptr, temperature_ptr, temperature,
+    logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr, state_ptr,
+    V, ignore_index, n_rows, n_chunks,
+    HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
+    FINISH: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr,
+):
+    # Program (scored row, vocab chunk): the chunk's tiles folded in increasing order from the empty
+    # state. FINISH (the row is one chunk): the state is the row's, so write the results; else store
+    # the chunk's state for _fwd_merge_kernel.
+    pid = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid, HAS_ROW_INDEX)
+    inv_t = _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE)
 
     lanes = tl.arange(0, BLOCK_V)
+    start = chunk * CHUNK_V  # CHUNK_V is a multiple of BLOCK_V: the chunks' tiles are the row's tiles
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros((), tl.float32)
     t = tl.zeros((), tl.float32)
-    n_full = V // BLOCK_V
+    width = tl.minimum(V - start, CHUNK_V)  # CHUNK_V but in the last chunk
+    n_full = width // BLOCK_V
     for tile in range(0, n_full):  # full tiles: unmasked, vectorized loads
-        x = tl.load(row_ptr + tile * BLOCK_V + lanes).to(tl.float32) * inv_t
+        x = tl.load(row_ptr + start + tile * BLOCK_V + lanes).to(tl.float32) * inv_t
         m, s, t = online_softmax_tile(x, m, s, t, WITH_ENTROPY)
-    if n_full * BLOCK_V < V:  # the tail tile, last in the order
-        offs = n_full * BLOCK_V + lanes
+    if n_full * BLOCK_V < width:  # the row's tail tile: last in the last chunk
+        offs = start + n_full * BLOCK_V + lanes
         x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
         m, s, t = online_softmax_tile(x, m, s, t, WITH_ENTROPY)
 
-    log_s = log_of_sum(s)
+    if FINISH:
+        target = tl.load(target_ptr + pid).to(tl.int64)
+        in_range = (target >= 0) & (target < V)
+        x_t = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32) * inv_t
+        logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index)
+        tl.store(logp_ptr + pid, logp)
+        tl.store(row_max_ptr + pid, m)
+        tl.store(row_logsum_ptr + pid, log_s)
+        if WITH_ENTROPY:
+            tl.store(entropy_ptr + pid, entropy)
+    else:
+        # states [m, s (, t)] x [rows, chunks], fp32: a row's chunk states are contiguous
+        out = state_ptr + pid.to(tl.int64) * n_chunks + chunk
+        plane = n_rows.to(tl.int64) * n_chunks
+        tl.store(out, m)
+        tl.store(out + plane, s)
+        if WITH_ENTROPY:
+            tl.store(out + 2 * plane, t)
+
+
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks"])
+def _fwd_merge_kernel(
+    logits_ptr, stride_outer, stride_inner, inner_size,
+    target_ptr, row_index_ptr, temperature_ptr, temperature,
+    logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr, state_ptr,
+    V, ignore_index, n_rows, n_chunks,
+    HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, CHUNKS: tl.constexpr,
+):
+    # A block of scored rows: each row's chunk states merged in one step (merge_all_softmax_states;
+    # row by row, so the block never mixes rows), then the results as in _fwd_kernel's FINISH.
+    block = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    ok = block < n_rows
+    pid = tl.minimum(block, n_rows - 1)  # lanes past the end redo the last row; their stores are masked
+    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid, HAS_ROW_INDEX)
+    inv_t = _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE)
     target = tl.load(target_ptr + pid).to(tl.int64)
     in_range = (target >= 0) & (target < V)
     x_t = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32) * inv_t
-    logp = (x_t - m) - log_s  # subtract the max first: exact for x_t close to it
-    logp = tl.where(in_range, logp, float("nan"))
-    logp = tl.where(target == ignore_index, 0.0, logp)
-    tl.store(logp_ptr + pid, logp)
-    tl.store(row_max_ptr + pid, m)
-    tl.store(row_logsum_ptr + pid, log_s)
+
+    plane = n_rows.to(tl.int64) * n_chunks
+    cols = tl.arange(0, CHUNKS)  # CHUNKS = next_pow2(n_chunks): a function of V only
+    have = (cols < n_chunks)[None, :]
+    at = state_ptr + pid.to(tl.int64)[:, None] * n_chunks + cols[None, :]
+    m_c = tl.load(at, mask=have, other=float("-inf"))  # chunks past the last: empty states
+    s_c = tl.load(at + plane, mask=have, other=0.0)
+    t_c = s_c  # not read without entropy
     if WITH_ENTROPY:
-        tl.store(entropy_ptr + pid, log_s - t / s)
+        t_c = tl.load(at + 2 * plane, mask=have, other=0.0)
+    m, s, t = merge_all_softmax_states(m_c, s_c, t_c, WITH_ENTROPY)
+
+    logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index)
+    tl.store(logp_ptr + block, logp, mask=ok)
+    tl.store(row_max_ptr + block, m, mask=ok)
+    tl.store(row_logsum_ptr + block, log_s, mask=ok)
+    if WITH_ENTROPY:
+        tl.store(entropy_ptr + block, entropy, mask=ok)
 
 
 @triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index"])
@@ -138,9 +220,18 @@ def _temperature_args(temperature: float, temperature_rows: Optional[torch.Tenso
     return temperature_rows, 1.0, True
 
 
+# The merge kernel's rows per program: row by row, so it never changes a row's bits.
+MERGE_ROWS = 32
+
+
+def chunk_count(V: int, chunk_v: int) -> int:
+    """Vocab chunks of a row: a function of V and the locked chunk width only (one for V = 0)."""
+    return max(triton.cdiv(V, chunk_v), 1)
+
+
 def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
                    ignore_index, with_entropy):
-    """Runs the forward kernel. target_ids / row_index / temperature_rows are 1-D over scored rows."""
+    """Runs the forward kernels. target_ids / row_index / temperature_rows are 1-D over scored rows."""
     n = target_ids.numel()
     dev = logits.device
     logp = torch.empty(n, dtype=torch.float32, device=dev)
@@ -151,16 +242,28 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
         return logp, entropy, row_max, row_logsum
     V = logits.shape[-1]
     cfg = _config("selected_logp_fwd", logits)
+    split = _config("selected_logp_chunk", logits)
+    if split.block_v % cfg.block_v:
+        raise AssertionError(f"locked chunk {split.block_v} is not a multiple of the tile {cfg.block_v}")
+    n_chunks = chunk_count(V, split.block_v)
+    finish = n_chunks == 1  # one chunk: its state is the row's (merging it into the empty state is exact)
+    # chunk states (m, s, t): t only with entropy; FINISH writes none (any pointer: not read)
+    states = logp if finish else torch.empty((3 if with_entropy else 2, n, n_chunks), dtype=torch.float32, device=dev)
     lg, so, si, inner = row_layout(logits)
     t_ptr, t_val, per_row = _temperature_args(temperature, temperature_rows, logp)
-    _fwd_kernel[(n,)](
-        lg, so, si, inner,
-        target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
-        logp, entropy if with_entropy else logp, row_max, row_logsum,
-        V, ignore_index,
-        HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy,
-        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    args = (lg, so, si, inner,
+            target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
+            logp, entropy if with_entropy else logp, row_max, row_logsum, states,
+            V, ignore_index, n, n_chunks)
+    flags = dict(HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy)
+    _fwd_kernel[(n, n_chunks)](
+        *args, **flags, FINISH=finish, BLOCK_V=cfg.block_v, CHUNK_V=split.block_v,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if not finish:
+        _fwd_merge_kernel[(triton.cdiv(n, MERGE_ROWS),)](
+            *args, **flags, BLOCK_ROWS=MERGE_ROWS, CHUNKS=triton.next_power_of_2(n_chunks), num_warps=split.num_warps,
+        )
     return logp, entropy, row_max, row_logsum
 
 
