@@ -179,8 +179,9 @@ def _merge_with_empty_lanes_kernel(m_ptr, s_ptr, t_ptr, out_ptr, BLOCK: tl.const
     s_c = tl.where(first, tl.load(s_ptr + i)[:, None], 0.0)
     t_c = tl.where(first, tl.load(t_ptr + i)[:, None], 0.0)
     m, s, t = merge_all_softmax_states(m_c, s_c, t_c, True)
-    for k, v in enumerate((m, s, t)):
-        tl.store(out_ptr + k * BLOCK + i, v)
+    tl.store(out_ptr + i, m)  # (a loop over a tuple does not compile for the GPU)
+    tl.store(out_ptr + BLOCK + i, s)
+    tl.store(out_ptr + 2 * BLOCK + i, t)
 
 
 def test_merging_with_the_empty_state_is_exact(device):
