@@ -15,6 +15,21 @@ def median_ms(fn, rep_ms: int = 200, warmup_ms: int = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def wall_ms(fn, n: int = 200, warmup: int = 10) -> float:
+    """Wall-clock ms per call of fn: n calls from the host, one sync at the end (what an eager caller
+    pays per call, host work and launches included)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def graph_ms(fn, rep_ms: int = 200, warmup_ms: int = 50) -> float:
     """Median device time of fn replayed from a CUDA graph: the GPU work alone, without the host's
     Python and launch overhead (which median_ms includes when the host is the bottleneck)."""

@@ -16,7 +16,6 @@ import dataclasses
 import datetime
 import json
 import platform
-import time
 import traceback
 
 import torch
@@ -24,6 +23,7 @@ import triton
 
 from rlk_triton import configs
 from rlk_triton.attention import attention, attention_decode
+from rlk_triton.bench import wall_ms
 from rlk_triton.ops import attention as attn_ops
 from rlk_triton.ops.matmul import matmul, matmul_into
 
@@ -54,17 +54,6 @@ def graph_ms(fn, reps=REPS):
         e.synchronize()
         times.append(s.elapsed_time(e) / reps)
     return sorted(times)[len(times) // 2]
-
-
-def wall_ms(fn, n=200):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
 
 
 def copy_gbps():

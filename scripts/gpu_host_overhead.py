@@ -11,22 +11,15 @@ import cProfile
 import io
 import json
 import pstats
-import time
 
 import torch
 
+from rlk_triton import bench
 from rlk_triton.ops import rmsnorm
 
 
 def per_call_ms(fn, n=200):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    return bench.wall_ms(fn, n)
 
 
 def main():

@@ -10,19 +10,15 @@ train_forward (linear_logp, no logits) against transformers' padded forward + lo
 """
 import argparse
 import json
-import time
 
 import torch
 
+from rlk_triton import bench
+
 
 def _timed(fn, repeat):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeat
+    """Seconds per call (one warm-up call)."""
+    return bench.wall_ms(fn, repeat, warmup=1) / 1e3
 
 
 def main():
