@@ -22,6 +22,7 @@ import torch
 import triton
 
 from rlk_triton import configs
+from rlk_triton._runtime import default_arch
 from rlk_triton.attention import attention, attention_decode
 from rlk_triton.bench import wall_ms
 from rlk_triton.ops import attention as attn_ops
@@ -88,11 +89,11 @@ def matmul_rows(report, sweep):
             out = torch.empty(M, N, device="cuda", dtype=DT)
             cublas = graph_ms(lambda: torch.matmul(a, w.t(), out=out))
             ours = graph_ms(lambda: matmul(a, w.t()))
-            cfg = configs.lookup_matmul("matmul", configs.table_arch(_arch(), "matmul"), DT, rows=M)
+            cfg = configs.lookup_matmul("matmul", default_arch(), DT, rows=M, cols=N)
             report["rows"].append({
                 "op": "matmul", "shape": f"M={M} N={N} K={K} bf16 (a @ w.t())", "rlk_ms": ours,
                 "baseline": "cuBLAS (torch.matmul)", "baseline_ms": cublas, "ratio": cublas / ours, "time": "device",
-                "weight_read_gbps": N * K * 2 / ours / 1e6, "bucket": configs.m_bucket(M), "config": dataclasses.asdict(cfg),
+                "weight_read_gbps": N * K * 2 / ours / 1e6, "bucket": configs.m_bucket(M, N), "config": dataclasses.asdict(cfg),
                 "rlk_wall_ms": wall_ms(lambda: matmul(a, w.t())), "baseline_wall_ms": wall_ms(lambda: a @ w.t())})
             print(report["rows"][-1]["shape"], round(ours * 1e3, 1), "us", round(cublas / ours, 3), flush=True)
             if not sweep:
@@ -106,11 +107,6 @@ def matmul_rows(report, sweep):
                 except Exception as ex:  # noqa: BLE001 - reported
                     report["sweep"].append({"op": "matmul", "M": M, "N": N, "K": K, "config": dataclasses.asdict(c),
                                             "error": f"{type(ex).__name__}: {str(ex)[:300]}"})
-
-
-def _arch():
-    from rlk_triton._runtime import default_arch
-    return default_arch()
 
 
 # ---- decode attention ----
@@ -156,7 +152,7 @@ def decode_rows(report, gbps, sweep):
         sdpa = graph_ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True), reps=5)
         ours = graph_ms(lambda: attention_decode(q, kc, vc, bt, sl, validate=False), reps=5)
         kv_bytes = 2 * k.numel() * 2
-        cfg = configs.lookup_decode(_arch(), DT, D, B * Hkv)
+        cfg = configs.lookup_decode(default_arch(), DT, D, B * Hkv)
         report["rows"].append({
             "op": "attention_decode", "shape": f"{B} seqs x {L} cached, {Hq} q / {Hkv} kv heads, D={D}, bf16",
             "rlk_ms": ours, "baseline": "SDPA default backend, contiguous caches (enable_gqa)", "baseline_ms": sdpa,
@@ -202,7 +198,7 @@ def logp_rows(report, gbps, sweep):
 
     V = 151936
     if sweep:  # the vocab chunk width (one width for every row count: the reduction order)
-        key = ("selected_logp_chunk", configs.table_arch(_arch(), "selected_logp_chunk"), "bfloat16", "v>8192")
+        key = ("selected_logp_chunk", configs.table_arch(default_arch(), "selected_logp_chunk"), "bfloat16", "v>8192")
         locked = configs.LOCKED_CONFIGS[key]
         for chunk in CHUNKS:
             configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, block_v=chunk)

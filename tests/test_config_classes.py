@@ -17,6 +17,7 @@ from rlk_triton.ops.matmul import matmul_into
 from rlk_triton.testing import check_batch_invariance
 from rlk_triton.testing.attention_parity import cu_of
 from rlk_triton.testing.matmul_parity import matmul_row_op
+from test_attention import _paged  # the shuffled-page cache and block table of the decode tests
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -118,19 +119,6 @@ def _decode_case(device, dtype, D, lens, Hq, Hkv, gen):
     q, k, v = (torch.randn(cu[-1], h, D, generator=gen).to(device, dtype) for h in (Hq, Hkv, Hkv))
     out, lse = attention(q, k, v, cu_of(lens, device))
     return cu, q, k, v, out, lse
-
-
-def _paged(k, v, lens, cu, page, device, gen):
-    per = max(-(-L // page) for L in lens) + 1
-    n_pages = per * len(lens) + 1
-    kc = torch.randn(n_pages, page, *k.shape[1:], generator=gen).to(device, k.dtype)
-    vc = torch.randn(n_pages, page, *k.shape[1:], generator=gen).to(device, k.dtype)
-    bt = torch.randperm(n_pages, generator=gen)[:per * len(lens)].reshape(len(lens), per).to(torch.int32)
-    for b, L in enumerate(lens):
-        t = torch.arange(L)
-        kc[bt[b, t // page].long(), t % page] = k[cu[b]:cu[b] + L]
-        vc[bt[b, t // page].long(), t % page] = v[cu[b]:cu[b] + L]
-    return kc, vc, bt.to(device)
 
 
 def _decode_members(device, dtype, D):

@@ -7,8 +7,8 @@ function of (arch, dtype, V bucket) only), so that a few rows still fill the GPU
   2. `_fwd_merge_kernel`, MERGE_ROWS rows per program: merges each row's chunk states in one step
      (reduction.merge_all_softmax_states) and writes fp32 logp, entropy and the two row statistics the backward needs (max and
      log-sum, kept apart so that exp(x - lse) stays exact for logits of size ~1e4).
-A row of one chunk (V <= CHUNK_V) is finished by `_fwd_kernel` itself (FINISH): the same bits, as a
-merge of one state into the empty state is exact, and no workspace or second launch. Which path
+A row of one chunk (V <= CHUNK_V) is finished by `_fwd_kernel` itself (FINISH): the unsplit kernel's
+bits, and no workspace or second launch. Which path
 runs and every row's reduction order depend on V only (reduction.py gives the order).
 Backward: elementwise per (row, vocab tile); no reduction, no atomics.
 
