@@ -60,11 +60,14 @@ _DTYPES = ("bfloat16", "float16", "float32")
 
 
 # Row buckets (upper bounds, inclusive; the last is open). Matmul: M, the rows of a launch. Decode:
-# the (sequence, kv head) pairs of a step, the programs of the whole-group layout. The matmul's
-# small-M tiles also depend on N (a weight dim, not the batch): how many programs a row of tiles makes.
+# the (sequence, kv head) pairs of a step, the programs of the whole-group layout, and the query rows
+# per pair (max_seqlen_q x the GQA group: a decode step has a few, a prefill chunk many). The
+# matmul's small-M tiles also depend on N (a weight dim, not the batch): how many programs a row of
+# tiles makes.
 M_BUCKETS = (16, 64, 256, None)
 N_BUCKETS = (4096, None)
 PAIR_BUCKETS = (64, None)
+Q_BUCKETS = (64, None)
 
 
 def _row_bucket(prefix, bounds, n):
@@ -80,13 +83,16 @@ def m_bucket(M: int, N: int | None = None) -> str:
     return m if N is None else f"{m},{_row_bucket('n', N_BUCKETS, N)}"
 
 
-def pair_bucket(pairs: int) -> str:
-    return _row_bucket("pairs", PAIR_BUCKETS, pairs)
+def pair_bucket(pairs: int, q_rows: int | None = None) -> str:
+    """attention_decode's bucket: of the pairs, and with q_rows given, "pairs...,q..." (the table's)."""
+    p = _row_bucket("pairs", PAIR_BUCKETS, pairs)
+    return p if q_rows is None else f"{p},{_row_bucket('q', Q_BUCKETS, q_rows)}"
 
 
 M_BUCKET_NAMES = tuple(m_bucket(m if m is not None else M_BUCKETS[-2] + 1, n if n is not None else N_BUCKETS[-2] + 1)
                        for m in M_BUCKETS for n in N_BUCKETS)  # the last one: the class reference's
-PAIR_BUCKET_NAMES = tuple(pair_bucket(hi if hi is not None else PAIR_BUCKETS[-2] + 1) for hi in PAIR_BUCKETS)
+PAIR_BUCKET_NAMES = tuple(pair_bucket(p if p is not None else PAIR_BUCKETS[-2] + 1, q if q is not None else Q_BUCKETS[-2] + 1)
+                          for p in PAIR_BUCKETS for q in Q_BUCKETS)
 
 
 def _bucket_name(v_max):
@@ -259,8 +265,9 @@ def _matmul_rows():
             for bucket in ("d<=128", "d256"):
                 t[(kernel, "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1)
         for bucket in ("d<=128", "d256"):  # both head layouts, so CPU tests cover both
-            t[("attention_decode", "interpreter", dt, f"{bucket},pairs<=64")] = MatmulConfig(16, 16, 0, 1, 4, 1, q_heads=1)
-            t[("attention_decode", "interpreter", dt, f"{bucket},pairs>64")] = MatmulConfig(16, 16, 0, 1, 4, 1)
+            for pairs in PAIR_BUCKET_NAMES:
+                t[("attention_decode", "interpreter", dt, f"{bucket},{pairs}")] = MatmulConfig(
+                    16, 16, 0, 1, 4, 1, q_heads=1 if pairs.startswith("pairs<=64") else 0)
     return t
 
 
@@ -280,14 +287,16 @@ _SMALL_M = {"sm90": {
 _SMALL_M["cuda"] = {b: dataclasses.replace(c, persistent_tma=False) for b, c in _SMALL_M["sm90"].items()}
 
 
-def _decode_row(arch, dt, d_bucket, pairs, fwd):
+def _decode_row(arch, dt, d_bucket, bucket, fwd):
     """attention_decode's config: block_n is the forward's (the reduction order). On 2-byte dtypes at
-    d <= 128: 64-row tiles of (token, q head) rows with the whole GQA group per program (K / V read
-    once), 4 warps; 3 stages when few programs run (<= 64 pairs), else 2. H200 sweep (every candidate
-    bit-equal to the training forward): 64 x 4096 cached, 16 q / 8 kv heads, 0.29 ms against 0.54 ms
-    for one program per q head (docs/reports/h200-decode-sweep-2026-12-04.json). d256 / fp32 keep
-    the forward's tiles (untuned), also with the whole group per program."""
-    if dt != "float32" and d_bucket == "d<=128":
+    d <= 128, decode steps (<= 64 query rows per pair): 64-row tiles of (token, q head) rows with the
+    whole GQA group per program (K / V read once), 4 warps; 3 stages when few programs run (<= 64
+    pairs), else 2. H200 sweep (every candidate bit-equal to the training forward): 64 x 4096 cached,
+    16 q / 8 kv heads, 0.29 ms against 0.54 ms for one program per q head
+    (docs/reports/h200-decode-sweep-2026-12-04.json). Prefill chunks (> 64 query rows per pair) and
+    d256 / fp32 run the forward's tiles (d256 / fp32 untuned), also with the whole group per program."""
+    pairs, q = bucket.split(",")
+    if dt != "float32" and d_bucket == "d<=128" and q == "q<=64":
         return MatmulConfig(64, fwd[1], 0, 1, 4, 3 if pairs == "pairs<=64" else 2)
     return MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], fwd[3])
 
@@ -339,11 +348,13 @@ def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype, rows: int | None =
         raise KeyError(f"no locked config for {key}") from None
 
 
-def lookup_decode(arch: str, dtype: torch.dtype, head_dim: int, pairs: int | None = None) -> MatmulConfig:
-    """attention_decode's config for a step of `pairs` (sequence, kv head) pairs; None: the largest
-    bucket. Every bucket shares the forward's block_n (test_config_classes)."""
+def lookup_decode(arch: str, dtype: torch.dtype, head_dim: int, pairs: int | None = None,
+                  q_rows: int = 1) -> MatmulConfig:
+    """attention_decode's config for a step of `pairs` (sequence, kv head) pairs with `q_rows` query
+    rows per pair (max_seqlen_q x the GQA group); pairs=None: the last bucket (the forward's tiles).
+    Every bucket shares the forward's block_n (test_config_classes)."""
     dt = str(dtype).removeprefix("torch.")
-    pb = PAIR_BUCKET_NAMES[-1] if pairs is None else pair_bucket(pairs)
+    pb = PAIR_BUCKET_NAMES[-1] if pairs is None else pair_bucket(pairs, q_rows)
     key = ("attention_decode", table_arch(arch, "attention_decode"), dt,
            f"{'d<=128' if head_dim <= 128 else 'd256'},{pb}")
     try:

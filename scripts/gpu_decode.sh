@@ -2,18 +2,18 @@
 # The decode-speed issue on the H200 in one device call: the bit-class gate (every row-bucket config
 # against its class reference, torch.equal), the decode / matmul / selected_logp GPU tests, then
 # scripts/gpu_decode.py's report (with --sweep: candidate configs too). Every step time-boxed.
-# Usage: bash scripts/gpu_decode.sh <commit> [--sweep PARTS]
+# Usage: [GATE_FILES=... EXTRA_TESTS=... ONLY=matmul,decode,logp] bash scripts/gpu_decode.sh <commit> [SWEEP_PARTS]
 set -u
 C=${1:-unknown}
 source "$(dirname "$0")/device_setup.sh"
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-timeout ${GATE_S:-200} python3 -m pytest -v -rf -n 8 -p no:cacheprovider --durations=12 tests/test_config_classes.py \
-  tests/test_attention.py tests/test_matmul.py tests/test_tile_positions.py ${EXTRA_TESTS:-} > $OUT/gate.log 2>&1
+GATE_FILES=${GATE_FILES:-tests/test_config_classes.py tests/test_attention.py tests/test_matmul.py tests/test_tile_positions.py}
+timeout ${GATE_S:-200} python3 -m pytest -v -rf -n 8 -p no:cacheprovider --durations=12 $GATE_FILES ${EXTRA_TESTS:-} > $OUT/gate.log 2>&1
 echo "gate: $(grep -E 'passed|failed' $OUT/gate.log | tail -1), $(grep -c ' PASSED ' $OUT/gate.log) PASSED lines"
 grep -E " FAILED | ERROR |^FAILED|^ERROR|^E  " $OUT/gate.log | cut -c1-300 | head -30
 echo "gate done at $(( $(date +%s) - T0 )) s"
-timeout ${BENCH_S:-300} python3 scripts/gpu_decode.py --commit "$C" --out $OUT/decode.json ${2:+--sweep $2} > $OUT/decode.log 2>&1
+timeout ${BENCH_S:-300} python3 scripts/gpu_decode.py --commit "$C" --out $OUT/decode.json ${2:+--sweep $2} --only ${ONLY:-matmul,decode,logp} > $OUT/decode.log 2>&1
 tail -5 $OUT/decode.log
 python3 - <<'PY'
 import json, os

@@ -62,11 +62,12 @@ def test_row_buckets_and_their_boundaries():
         ["m<=16", "m<=16", "m<=64", "m<=64", "m<=256", "m<=256", "m>256", "m>256"]
     assert [configs.m_bucket(8, n) for n in (1, 4096, 4097)] == ["m<=16,n<=4096", "m<=16,n<=4096", "m<=16,n>4096"]
     assert [configs.pair_bucket(p) for p in (1, 64, 65)] == ["pairs<=64", "pairs<=64", "pairs>64"]
+    assert [configs.pair_bucket(8, q) for q in (1, 64, 65)] == ["pairs<=64,q<=64", "pairs<=64,q<=64", "pairs<=64,q>64"]
     for arch in ("interpreter", "sm90", "sm80"):
         for dt in DTYPES:
             ref = configs.lookup_matmul("matmul", arch, dt)
             assert ref == configs.lookup_matmul("matmul", arch, dt, rows=10**6)
-            assert configs.lookup_decode(arch, dt, 128) == configs.lookup_decode(arch, dt, 128, 10**6)
+            assert configs.lookup_decode(arch, dt, 128) == configs.lookup_decode(arch, dt, 128, 10**6, 10**6)
 
 
 def test_fingerprint_covers_the_buckets(monkeypatch):
@@ -130,7 +131,7 @@ def _decode_members(device, dtype, D):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_members_give_the_training_bits(device, dtype):
-    """Every decode config, on both sides of the pair bucket, gives each token the training forward's
+    """Every decode config, on both sides of the pair and query-row buckets, gives each token the training forward's
     out and LSE: one new token per sequence, and chunks that start and end inside KV blocks."""
     gen = torch.Generator().manual_seed(11)
     on_gpu = device != "cpu"
@@ -142,7 +143,8 @@ def test_decode_members_give_the_training_bits(device, dtype):
             kc, vc, bt = _paged(k, v, lens, cu, 2 * cfg.block_n, device, gen)
             sl = torch.tensor(lens, dtype=torch.int32, device=device)
             # the last token of each sequence (a decode step), then each sequence's last n tokens as a chunk
-            for n in ([1] * len(lens), [min(L, c) for L, c in zip(lens, (23, 5, 17, 1))]):
+            chunks = (300, 5, 64, 1) if on_gpu else (23, 5, 17, 1)  # on the GPU, chunks past the q<=64 bucket
+            for n in ([1] * len(lens), [min(L, c) for L, c in zip(lens, chunks)]):
                 cuq = cu_of(n, device)
                 idx = torch.cat([torch.arange(cu[b + 1] - m, cu[b + 1]) for b, m in enumerate(n)]).to(device)
                 o, l = attn_ops.launch_decode(q[idx], kc, vc, bt, sl, cuq, max(n), D**-0.5, cfg=cfg)

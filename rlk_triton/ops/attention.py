@@ -391,7 +391,7 @@ def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q,
     if N == 0 or B == 0:
         return out, lse
     group = Hq // k_cache.shape[2]
-    cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2])
+    cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2], max_seqlen_q * group)
     heads = decode_heads(cfg, group)
     upcast, ieee = operand_flags(q.dtype)
     grid = (triton.cdiv(max_seqlen_q * heads, cfg.block_m), B, Hq // heads)
