@@ -271,33 +271,36 @@ def _matmul_rows():
     return t
 
 
-# Small-M matmul tiles (bf16 / fp16), from the H200 sweep of scripts/gpu_decode.py --sweep (every
-# candidate gave the reference's bits; docs/reports/h200-decode-sweep-2026-12-04.json): the best
-# worst-case ratio to cuBLAS over the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row
-# tiles (mma.sync: no 64-row wgmma tile of zeros) through TMA, narrow along N for enough programs.
-# The M > 256 rows are _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers.
+# Small-M matmul tiles (bf16 / fp16), from the H200 sweeps of scripts/gpu_decode.py --sweep (every
+# candidate gave the reference's bits; docs/reports/h200-decode-sweep-2026-12-04.json, then
+# h200-decode-sweep2-2026-12-04.json for M = 8 and M = 256): the best worst-case ratio to cuBLAS over
+# the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row tiles (mma.sync: no 64-row wgmma
+# tile of zeros) through TMA, narrow along N for enough programs, deep along K. The M > 256 rows are
+# _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers.
 _SMALL_M = {"sm90": {
-    "m<=16,n<=4096": MatmulConfig(16, 32, 256, 1, 4, 4, persistent_tma=True),
-    "m<=16,n>4096": MatmulConfig(16, 64, 128, 1, 4, 5, persistent_tma=True),
+    "m<=16,n<=4096": MatmulConfig(16, 32, 512, 1, 4, 3, persistent_tma=True),
+    "m<=16,n>4096": MatmulConfig(16, 64, 256, 1, 4, 4, persistent_tma=True),
     "m<=64,n<=4096": MatmulConfig(64, 32, 128, 1, 4, 4),
     "m<=64,n>4096": MatmulConfig(64, 64, 128, 1, 4, 5, persistent_tma=True),
-    "m<=256,n<=4096": MatmulConfig(128, 64, 128, 8, 8, 4, persistent_tma=True),
-    "m<=256,n>4096": MatmulConfig(128, 128, 64, 8, 8, 4, persistent_tma=True),
+    "m<=256,n<=4096": MatmulConfig(64, 128, 128, 8, 4, 4, persistent_tma=True),
+    "m<=256,n>4096": MatmulConfig(128, 128, 64, 8, 8, 5, persistent_tma=True),
 }}
 _SMALL_M["cuda"] = {b: dataclasses.replace(c, persistent_tma=False) for b, c in _SMALL_M["sm90"].items()}
 
 
 def _decode_row(arch, dt, d_bucket, bucket, fwd):
     """attention_decode's config: block_n is the forward's (the reduction order). On 2-byte dtypes at
-    d <= 128, decode steps (<= 64 query rows per pair): 64-row tiles of (token, q head) rows with the
-    whole GQA group per program (K / V read once), 4 warps; 3 stages when few programs run (<= 64
-    pairs), else 2. H200 sweep (every candidate bit-equal to the training forward): 64 x 4096 cached,
-    16 q / 8 kv heads, 0.29 ms against 0.54 ms for one program per q head
-    (docs/reports/h200-decode-sweep-2026-12-04.json). Prefill chunks (> 64 query rows per pair) and
-    d256 / fp32 run the forward's tiles (d256 / fp32 untuned), also with the whole group per program."""
+    d <= 128: decode steps (<= 64 query rows per pair) run 64-row tiles of (token, q head) rows with
+    the whole GQA group per program (K / V read once), 4 warps, 5 stages: a paged read of the cache.
+    Prefill chunks (> 64 query rows per pair) run 128-row tiles, 4 warps, 4 stages. H200 sweeps, every
+    candidate bit-equal to the training forward (docs/reports/h200-decode-sweep2-2026-12-04.json):
+    5 stages took 64 x 4096 cached (16 q / 8 kv heads) from 0.82x to 0.97x SDPA and 256 x 1024 from
+    0.80x to 0.91x; 128-row tiles ran a 32768-token chunk at 0.90x the training forward (64-row: 0.89x,
+    the forward's own 128-row, 8-warp tile: 0.86x). d256 / fp32 keep the forward's tiles (untuned),
+    also with the whole group per program."""
     pairs, q = bucket.split(",")
-    if dt != "float32" and d_bucket == "d<=128" and q == "q<=64":
-        return MatmulConfig(64, fwd[1], 0, 1, 4, 3 if pairs == "pairs<=64" else 2)
+    if dt != "float32" and d_bucket == "d<=128":
+        return MatmulConfig(64, fwd[1], 0, 1, 4, 5) if q == "q<=64" else MatmulConfig(128, fwd[1], 0, 1, 4, 4)
     return MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], fwd[3])
 
 
