@@ -57,18 +57,29 @@ def _check_heads(q, k_heads, k_name):
 
 
 def _check_index(name, x, q, dim=1):
+    """The index tensor, contiguous: kernels read offsets, lengths and page ids by position."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _INTS:
         raise DTypeError(name, "must be an int32 tensor")
     if x.dim() != dim:
         raise ShapeError(name, f"must be {dim}-D, got shape {tuple(x.shape)}")
     if x.device != q.device:
         raise DeviceError(name, f"on {x.device}, q on {q.device}")
+    return x.contiguous()
+
+
+def _int_arg(name, x, minimum=0):
+    if isinstance(x, bool) or not isinstance(x, int) or x < minimum:
+        raise InputError(name, f"must be an int >= {minimum}, got {x!r}")
+    return x
 
 
 def _scale(scale, D):
     if scale is None:
         return 1.0 / math.sqrt(D)
-    s = float(scale)
+    try:
+        s = float(scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError("scale", f"must be a finite number > 0, got {scale!r}") from None
     if not math.isfinite(s) or s <= 0:
         raise InputError("scale", f"must be a finite number > 0, got {scale!r}")
     return s
@@ -98,8 +109,7 @@ def _check_cu(cu_seqlens, N, max_seqlen, validate, name="cu_seqlens", arg_max="m
 def _cu_or_one(cu_seqlens, q):
     if cu_seqlens is None:
         return torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
-    _check_index("cu_seqlens", cu_seqlens, q)
-    return cu_seqlens
+    return _check_index("cu_seqlens", cu_seqlens, q)
 
 
 def _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate):
@@ -128,8 +138,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opt
         max_seqlen: the longest sequence (sizes the launch grid; None: read from cu_seqlens).
         causal: key j is visible to query i of the same sequence iff j <= i.
         scale: the score scale, default 1 / sqrt(D).
-        validate: check cu_seqlens on the host (one device sync). With validate=False, invalid offsets
-            are undefined behaviour.
+        validate: check cu_seqlens and max_seqlen on the host (one device sync). With validate=False,
+            invalid offsets give undefined values (each sequence is clamped into [0, N); tokens
+            outside every sequence are not written), never a read or write outside a tensor; a
+            max_seqlen shorter than the longest sequence only costs time.
     Returns:
         out [N, Hq, D] in q's dtype (fp32 acc / l, rounded once at the store) and lse float32
         [Hq, N], lse[h, t] = log sum_j exp(scale * q[t, h] . k[j, h // (Hq / Hkv)]) over visible j.
@@ -157,22 +169,25 @@ def attention_partial(q, k, v, cu_seqlens=None, *, kv_start: int = 0, kv_end: Op
 
     cu, max_seqlen, scale = _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate)
     bn = configs.lookup_attention("attention_fwd", arch_of(q.device), q.dtype, q.shape[-1]).block_n
-    end = INT32_MAX if kv_end is None else int(kv_end)
-    if int(kv_start) < 0 or int(kv_start) % bn or end < int(kv_start):
-        raise InputError("kv_start", f"must be a multiple of block_n = {bn}, >= 0 and <= kv_end")
+    if _int_arg("kv_start", kv_start) % bn:
+        raise InputError("kv_start", f"must be a multiple of block_n = {bn}, got {kv_start}")
+    end = INT32_MAX if kv_end is None else min(_int_arg("kv_end", kv_end), INT32_MAX)
+    if end < kv_start:
+        raise InputError("kv_end", f"{kv_end} is before kv_start {kv_start}")
     if state is not None:
         N, Hq, D = q.shape
-        m, l, acc = state
-        for name, x, shape in (("state[0]", m, (Hq, N)), ("state[1]", l, (Hq, N)), ("state[2]", acc, (N, Hq, D))):
+        if not isinstance(state, (tuple, list)) or len(state) != 3:
+            raise ShapeError("state", "must be the (m, l, acc) triple a previous attention_partial returned")
+        for i, (x, shape) in enumerate(zip(state, ((Hq, N), (Hq, N), (N, Hq, D)))):
             if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or tuple(x.shape) != shape \
-                    or not x.is_contiguous():
-                raise ShapeError(name, f"must be a contiguous float32 tensor of shape {shape}")
+                    or not x.is_contiguous() or x.device != q.device:
+                raise ShapeError(f"state[{i}]", f"must be a contiguous float32 tensor of shape {shape} on q's device")
     with torch.no_grad():
-        return launch_forward(q, k, v, cu, max_seqlen, scale, bool(causal), kv_range=(int(kv_start), end),
+        return launch_forward(q, k, v, cu, max_seqlen, scale, bool(causal), kv_range=(kv_start, end),
                               state_in=state, state_out=True)
 
 
-def merge_attention_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]):
+def merge_attention_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], *, validate: bool = True):
     """Combine normalized partials (out_i [N, H, D], lse_i [H, N]) over disjoint KV ranges, folded in
     the given order (pass them in ascending KV order): lse = log sum_i exp(lse_i), out = sum_i
     exp(lse_i - lse) out_i, in fp32, out rounded once to outs[0]'s dtype.
@@ -180,15 +195,28 @@ def merge_attention_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.
     Within the attention contract for any split; NOT bitwise equal to the unsplit kernel, because
     the partial outs were already normalized and rounded (floating-point merges are not associative).
     For bitwise context parallelism chain attention_partial states instead (docs/attention.md).
+
+    outs and lses are sequences (or iterables) of tensors. validate: check on the host (one sync)
+    that no lse is NaN or +inf (an lse is -inf for a row that saw no key, finite otherwise); with
+    validate=False such values give NaN rows.
     """
-    if not outs or len(outs) != len(lses):
-        raise ShapeError("outs", "need one lse per out and at least one partial")
+    outs, lses = _tensor_list("outs", outs), _tensor_list("lses", lses)
+    if not outs:
+        raise ShapeError("outs", "need at least one partial")
+    if len(lses) != len(outs):
+        raise ShapeError("lses", f"{len(lses)} lses for {len(outs)} outs: need one per out")
     for i, (o, s) in enumerate(zip(outs, lses)):
         _check_float(f"outs[{i}]", o, outs[0])
-        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+        if o.shape != outs[0].shape:
+            raise ShapeError(f"outs[{i}]", f"shape {tuple(o.shape)} differs from outs[0]'s {tuple(outs[0].shape)}")
+        if s.dtype != torch.float32:
             raise DTypeError(f"lses[{i}]", "must be a float32 tensor")
-        if tuple(s.shape) != (o.shape[1], o.shape[0]) or o.shape != outs[0].shape:
+        if s.device != o.device:
+            raise DeviceError(f"lses[{i}]", f"on {s.device}, outs[{i}] on {o.device}")
+        if tuple(s.shape) != (o.shape[1], o.shape[0]):
             raise ShapeError(f"lses[{i}]", f"shape {tuple(s.shape)} must be [H, N] of outs[0] {tuple(outs[0].shape)}")
+        if validate and bool((s.isnan() | (s == float("inf"))).any()):
+            raise InputError(f"lses[{i}]", "holds NaN or +inf (an lse is finite, or -inf for a row with no key)")
     m = lses[0].clone()
     l = torch.ones_like(m)
     l = torch.where(m == float("-inf"), torch.zeros_like(l), l)
@@ -207,6 +235,19 @@ def merge_attention_partials(outs: Sequence[torch.Tensor], lses: Sequence[torch.
     return out, lse
 
 
+def _tensor_list(name, xs):
+    if isinstance(xs, torch.Tensor) or xs is None or isinstance(xs, (str, bytes)):
+        raise DTypeError(name, f"must be a sequence of tensors, got {type(xs).__name__}")
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise DTypeError(name, f"must be a sequence of tensors, got {type(xs).__name__}") from None
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor):
+            raise DTypeError(f"{name}[{i}]", f"expected a torch.Tensor, got {type(x).__name__}")
+    return xs
+
+
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      cache_seqlens: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor] = None, *,
                      max_seqlen_q: Optional[int] = None, scale: Optional[float] = None,
@@ -221,7 +262,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         block_table: int32 [B, max_pages]: page of logical page i of sequence b.
         cache_seqlens: int32 [B]: each sequence's length INCLUDING its new tokens; sequence b's new
             tokens sit at positions [cache_seqlens[b] - n_b, cache_seqlens[b]).
-        validate: check the offsets and lengths on the host (one sync).
+        validate: check the offsets, lengths and page ids on the host (one sync). With
+            validate=False, invalid ones give undefined values, never a read or write outside a
+            tensor: lengths are clamped to the block table's capacity, page ids to the cache, new
+            tokens' offsets to q.
     Returns out [N_new, Hq, D] (q's dtype) and lse float32 [Hq, N_new]: for each token bitwise what
     attention(causal=True) gives it over the same sequence.
     """
@@ -241,23 +285,20 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if page_size == 0 or page_size % bn:
         raise LayoutError("k_cache", f"page_size {page_size} must be a multiple of block_n = {bn} (a KV "
                           "block must lie inside one page)")
-    _check_index("block_table", block_table, q, dim=2)
-    _check_index("cache_seqlens", cache_seqlens, q)
+    block_table = _check_index("block_table", block_table, q, dim=2)
+    cache_seqlens = _check_index("cache_seqlens", cache_seqlens, q)
     B = cache_seqlens.numel()
     if block_table.shape[0] != B:
         raise ShapeError("block_table", f"has {block_table.shape[0]} rows, cache_seqlens {B}")
-    if block_table.stride(1) != 1 and block_table.shape[1] > 1:
-        raise LayoutError("block_table", "rows must be contiguous")
     if cu_seqlens_q is None:
         if q.shape[0] != B:
             raise ShapeError("q", f"{q.shape[0]} tokens but {B} sequences (pass cu_seqlens_q for chunks)")
         cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device)
         max_seqlen_q = 1
     else:
-        _check_index("cu_seqlens_q", cu_seqlens_q, q)
-        if cu_seqlens_q.numel() != B + 1:
-            raise ShapeError("cu_seqlens_q", f"must be [B + 1] = [{B + 1}], got {cu_seqlens_q.numel()}")
-        cu_q = cu_seqlens_q
+        cu_q = _check_index("cu_seqlens_q", cu_seqlens_q, q)
+        if cu_q.numel() != B + 1:
+            raise ShapeError("cu_seqlens_q", f"must be [B + 1] = [{B + 1}], got {cu_q.numel()}")
         max_seqlen_q = _check_cu(cu_q, q.shape[0], max_seqlen_q, validate, "cu_seqlens_q", "max_seqlen_q")
     if validate:
         lens = cache_seqlens.long().cpu()

@@ -186,7 +186,7 @@ def attention_cases():
     rows.append(("attention _fwd_kernel", at._fwd_kernel,
                  dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, out_ptr=q, lse_ptr=lse, cu_ptr=cu, so_t=Hq * D, so_h=D,
                       slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N, sacc_t=Hq * D, sacc_h=D,
-                      qk_scale=0.1, kv_lo=0, kv_hi=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True, STATE_IN=False,
+                      qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True, STATE_IN=False,
                       STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m, BLOCK_N=f.block_n),
                  f.num_warps, f.num_stages))
     d = configs.lookup_decode("sm90", bf, D)
@@ -195,10 +195,10 @@ def attention_cases():
                  dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
                       bt_ptr=_t(2, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D, skc_h=D,
                       svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
-                      page_size=256, qk_scale=0.1, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
+                      page_size=256, qk_scale=0.1, n_q=N, n_pages=64, max_pages=32, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
                       BLOCK_M=d.block_m, BLOCK_N=d.block_n), d.num_warps, d.num_stages))
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
-               sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
+               sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
                UPCAST=False, IEEE=False)
     c = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
     rows.append(("attention _bwd_dkdv_kernel", at._bwd_dkdv_kernel,
@@ -257,7 +257,7 @@ def class_cases():
                 args = dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
                             bt_ptr=_t(64, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D,
                             skc_h=D, svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N,
-                            sbt_b=32, page_size=256, qk_scale=0.1, GROUP=group, HEADS=at.decode_heads(cfg, group),
+                            sbt_b=32, page_size=256, qk_scale=0.1, n_q=1024, n_pages=64, max_pages=32, GROUP=group, HEADS=at.decode_heads(cfg, group),
                             HEAD_DIM=D, UPCAST=False, IEEE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
                 out.append((cls, name, at._decode_kernel, args, cfg.num_warps, cfg.num_stages))
     return out

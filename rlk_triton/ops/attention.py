@@ -23,6 +23,12 @@ pages. Each row folds the same KV blocks with the same masked scores as in the t
 blocks past its own position (another row of the tile reaches further) leave its state unchanged. Which
 rows share a tile, block_m and num_warps are free only as far as the GPU gate proves: the configs of
 the decode kernel form a bit class with the forward's (configs.BIT_CLASSES, tests/test_config_classes.py).
+
+Memory safety (validate=False): every offset, length and page id read from memory is clamped to the
+tensor it indexes (_span, the decode kernel's kv_len and page), and programs stride over query / KV
+blocks by the grid, so a max_seqlen shorter than a sequence only costs time. Valid input is unchanged
+by both; invalid offsets give undefined values (tokens outside every clamped sequence are not
+written), never a read or write outside a tensor.
 """
 from __future__ import annotations
 
@@ -95,6 +101,16 @@ def _load_rows(ptr, rows, ok, stride_t, rd, UPCAST: tl.constexpr):
     return x
 
 
+@triton.jit
+def _span(cu_ptr, i, n):
+    """(start, length) of sequence i from offsets cu, clamped into [0, n): valid offsets are unchanged;
+    with validate=False, offsets past the tensor or decreasing give a shorter (or empty) sequence,
+    never an index outside it."""
+    start = tl.minimum(tl.maximum(tl.load(cu_ptr + i), 0), n)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1), start), n)
+    return start, end - start
+
+
 # ---- training forward ----
 
 @triton.jit
@@ -102,18 +118,31 @@ def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
     m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h,
-    qk_scale, kv_lo, kv_hi,
+    qk_scale, kv_lo, kv_hi, N,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    mb = tl.program_id(0)
     seq = tl.program_id(1)
     h = tl.program_id(2)
-    start = tl.load(cu_ptr + seq)
-    seq_len = tl.load(cu_ptr + seq + 1) - start
-    if mb * BLOCK_M >= seq_len:
-        return
+    start, seq_len = _span(cu_ptr, seq, N)
+    # Row blocks stride by the grid: a max_seqlen shorter than the sequence costs time, not rows.
+    for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):
+        _fwd_row_block(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
+                       slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo, kv_hi,
+                       mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN, STATE_OUT, UPCAST, IEEE,
+                       BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _fwd_row_block(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
+    m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo, kv_hi,
+    mb, h, start, seq_len,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
     hk = h // GROUP
     rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # positions inside the sequence
     rd = tl.arange(0, HEAD_DIM)
@@ -162,23 +191,36 @@ def _fwd_kernel(
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cuq_ptr, kvlen_ptr, bt_ptr,
     sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
-    page_size, qk_scale,
+    page_size, qk_scale, n_q, n_pages, max_pages,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One program per (row block, sequence, head set): a head set is HEADS consecutive q heads of one
     # kv head's group (HEADS = GROUP: the kv head's K / V are read once for all of its q heads).
     # Its rows are (new token, head) pairs, token-major: row i = token i // HEADS, head i % HEADS.
-    j = tl.program_id(0)
+    # Every index read from memory is clamped to its tensor (valid input: unchanged): lengths to the
+    # block table's capacity, page ids to the cache; row blocks stride by the grid (a short
+    # max_seqlen_q costs time, not rows).
     b = tl.program_id(1)
     h0 = tl.program_id(2) * HEADS
+    q_start, n_new = _span(cuq_ptr, b, n_q)
+    kv_len = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b), 0), max_pages * page_size)
+    for j in range(tl.program_id(0), tl.cdiv(n_new * HEADS, BLOCK_M), tl.num_programs(0)):
+        _decode_row_block(q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, sq_t, sq_h, skc_p, skc_s, skc_h,
+                          svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b, page_size, qk_scale, n_pages,
+                          j, b, h0, q_start, n_new, kv_len, GROUP, HEADS, HEAD_DIM, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _decode_row_block(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr,
+    sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
+    page_size, qk_scale, n_pages, j, b, h0, q_start, n_new, kv_len,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
     hk = h0 // GROUP
-    q_start = tl.load(cuq_ptr + b)
-    n_new = tl.load(cuq_ptr + b + 1) - q_start
-    kv_len = tl.load(kvlen_ptr + b)  # the sequence's length, new tokens included
     p0 = kv_len - n_new  # position of the first new token
-    if j * BLOCK_M >= n_new * HEADS:
-        return
     ri = j * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = ri < n_new * HEADS
     t_new = ri // HEADS
@@ -195,7 +237,7 @@ def _decode_kernel(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = tl.minimum(p0 + (tl.minimum((j + 1) * BLOCK_M, n_new * HEADS) - 1) // HEADS + 1, kv_len)
     for n0 in range(0, hi, BLOCK_N):  # logical KV blocks from position 0, ascending
-        page = tl.load(bt_ptr + b * sbt_b + n0 // page_size).to(tl.int64)
+        page = tl.minimum(tl.maximum(tl.load(bt_ptr + b * sbt_b + n0 // page_size), 0), n_pages - 1).to(tl.int64)
         slot = n0 % page_size + tl.arange(0, BLOCK_N)  # page_size % BLOCK_N == 0: one page
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
@@ -245,17 +287,28 @@ def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr):
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
-    qk_scale, scale,
+    qk_scale, scale, N,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    nb = tl.program_id(0)
     seq = tl.program_id(1)
     hk = tl.program_id(2)
-    start = tl.load(cu_ptr + seq)
-    seq_len = tl.load(cu_ptr + seq + 1) - start
-    if nb * BLOCK_N >= seq_len:
-        return
+    start, seq_len = _span(cu_ptr, seq, N)
+    for nb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_N), tl.num_programs(0)):  # as the forward's
+        _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
+                        qk_scale, scale, nb, hk, start, seq_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
+                        BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _bwd_dkdv_block(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
+    qk_scale, scale, nb, hk, start, seq_len,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, HEAD_DIM)
@@ -294,17 +347,27 @@ def _bwd_dkdv_kernel(
 def _bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
-    qk_scale, scale,
+    qk_scale, scale, N,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    mb = tl.program_id(0)
     seq = tl.program_id(1)
     h = tl.program_id(2)
-    start = tl.load(cu_ptr + seq)
-    seq_len = tl.load(cu_ptr + seq + 1) - start
-    if mb * BLOCK_M >= seq_len:
-        return
+    start, seq_len = _span(cu_ptr, seq, N)
+    for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
+        _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
+                      qk_scale, scale, mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _bwd_dq_block(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
+    qk_scale, scale, mb, h, start, seq_len,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     hk = h // GROUP
     rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -359,18 +422,18 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
     else:
         m_st = l_st = lse
         acc_st = q
-    if N == 0 or S == 0 or max_seqlen == 0:
+    if N == 0 or S == 0:
         return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
     cfg = _cfg("attention_fwd", q)
     lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
     upcast, ieee = operand_flags(q.dtype)
-    grid = (triton.cdiv(max_seqlen, cfg.block_m), S, Hq)
+    grid = (max(1, triton.cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
     _fwd_kernel[grid](
         q, k, v, out, lse, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         m_st, l_st, acc_st, m_st.stride(0), acc_st.stride(0), acc_st.stride(1),
-        scale * LOG2E, lo, hi,
+        scale * LOG2E, lo, hi, N,
         GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
         UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -394,12 +457,14 @@ def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q,
     cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2], max_seqlen_q * group)
     heads = decode_heads(cfg, group)
     upcast, ieee = operand_flags(q.dtype)
-    grid = (triton.cdiv(max_seqlen_q * heads, cfg.block_m), B, Hq // heads)
+    grid = (max(1, triton.cdiv(max_seqlen_q * heads, cfg.block_m)), B, Hq // heads)
+    n_pages = k_cache.shape[0]
+    max_pages = block_table.shape[1] if n_pages else 0  # no page to read: every length clamps to 0
     _decode_kernel[grid](
         q, k_cache, v_cache, out, lse, cu_seqlens_q, cache_seqlens, block_table,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), lse.stride(0),
-        block_table.stride(0), k_cache.shape[1], scale * LOG2E,
+        block_table.stride(0), k_cache.shape[1], scale * LOG2E, N, n_pages, max_pages,
         GROUP=group, HEADS=heads, HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -411,7 +476,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     Hkv = k.shape[1]
     S = cu_seqlens.numel() - 1
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if N == 0 or S == 0 or max_seqlen == 0:
+    if N == 0 or S == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     upcast, ieee = operand_flags(q.dtype)
     cq = _cfg("attention_bwd_dq", q)
@@ -424,17 +489,17 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, UPCAST=upcast, IEEE=ieee)
     # Tokens outside every sequence (none when cu_seqlens ends at N) keep zero gradients.
     dq.zero_(), dk.zero_(), dv.zero_()
-    _bwd_dkdv_kernel[(triton.cdiv(max_seqlen, ckv.block_n), S, Hkv)](
+    _bwd_dkdv_kernel[(max(1, triton.cdiv(max_seqlen, ckv.block_n)), S, Hkv)](
         q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        scale * LOG2E, scale, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
+        scale * LOG2E, scale, N, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
         num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
-    _bwd_dq_kernel[(triton.cdiv(max_seqlen, cq.block_m), S, Hq)](
+    _bwd_dq_kernel[(max(1, triton.cdiv(max_seqlen, cq.block_m)), S, Hq)](
         q, k, v, dout, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
-        scale * LOG2E, scale, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
+        scale * LOG2E, scale, N, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
         num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
     return dq, dk, dv
 
