@@ -290,6 +290,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     B = cache_seqlens.numel()
     if block_table.shape[0] != B:
         raise ShapeError("block_table", f"has {block_table.shape[0]} rows, cache_seqlens {B}")
+    if max_seqlen_q is not None:
+        _int_arg("max_seqlen_q", max_seqlen_q)
     if cu_seqlens_q is None:
         if q.shape[0] != B:
             raise ShapeError("q", f"{q.shape[0]} tokens but {B} sequences (pass cu_seqlens_q for chunks)")
