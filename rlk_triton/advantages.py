@@ -60,8 +60,10 @@ def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_st
 
     scores: float32 [B]; group_ids: int [B] in [0, num_groups); valid: bool [B] (None: all).
     mode: "mean" (s - mean), "mean_std" ((s - mean) / (std + eps), unbiased std as torch.std),
-    "rloo" (s - mean of the other members). A group with one valid member, and every invalid row,
-    gets 0: never NaN. Returns float32 [B].
+    "rloo" (s - mean of the other members). A group with one valid member, a group whose scores are
+    all equal (in every mode, whatever eps), and every invalid row get 0; so does a group with
+    std + eps == 0 (eps=0 allowed): never NaN from finite scores. Returns float32 [B].
+    eps: a finite number >= 0.
     validate: check on the host that group_ids lie in [0, num_groups) (and that a floating-point
         `valid` holds only 0 / 1). It costs a device sync per call; with validate=False nothing is
         checked on the host: a row whose group id is out of range is treated as invalid (it gets 0
@@ -73,8 +75,7 @@ def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_st
     if mode not in GROUP_MODES:
         raise InputError("mode", f"{mode!r} is not one of {', '.join(GROUP_MODES)}")
     s, g, ok = _group_inputs(scores, group_ids, num_groups, valid, validate, backend)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise InputError("eps", f"must be a finite number >= 0, got {eps!r}")
+    eps = _eps(eps)
     if backend == "torch_reference":
         return _torch_reference.group_advantages(s, g, ok, num_groups, mode, eps)
     return _ops.launch_group_advantages(s, g, ok, num_groups, mode, eps)[0]
@@ -86,34 +87,76 @@ def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=Non
     """REINFORCE++ with a group baseline: a_i = s_i - mean of its group, broadcast to the active
     tokens of sequence i, then whitened over all active tokens: (a - mean) / (std + eps).
 
-    The whitening statistics are batch-level: by default over this batch's active tokens (float64,
-    unbiased std); a framework that normalizes globally (across ranks) passes token_mean and
-    token_std. Returns float32 [B, T], 0 on masked tokens. validate and backend as in
+    mask: bool / 0-1 [B, T], required (it gives the output its T). eps: a finite number >= 0; where
+    std + eps == 0 (no spread, eps=0) every token gets 0. The whitening statistics are batch-level:
+    by default over this batch's active tokens (float64, unbiased std); a framework that normalizes
+    globally (across ranks) passes token_mean and token_std (both or neither): numbers (finite;
+    token_std >= 0), or 1-element tensors on scores' device, checked on the host when validate is
+    on (one more sync); with validate=False a non-finite tensor, or a negative token_std, makes
+    every output NaN. Returns float32 [B, T], 0 on masked tokens. validate and backend as in
     group_advantages (the torch reference keeps the baseline in float64 until the one rounding).
     """
     _check_backend(backend)
     s, g, ok = _group_inputs(scores, group_ids, num_groups, valid, validate, backend)
-    m = _mask("mask", mask, (s.shape[0], mask.shape[-1] if torch.is_tensor(mask) and mask.dim() == 2 else -1),
-              s.device, validate)
+    if not torch.is_tensor(mask):
+        raise DTypeError("mask", f"must be a bool or 0/1 tensor [B, T] (it gives the output its T), "
+                                 f"got {type(mask).__name__}")
+    if mask.dim() != 2:
+        raise ShapeError("mask", f"must be [B, T], got {tuple(mask.shape)}")
+    m = _mask("mask", mask, (s.shape[0], mask.shape[1]), s.device, validate)
+    eps = _eps(eps)
+    token_mean = _token_stat("token_mean", token_mean, s.device, validate)
+    token_std = _token_stat("token_std", token_std, s.device, validate, nonnegative=True)
+    if (token_mean is None) != (token_std is None):
+        raise InputError("token_std" if token_std is None else "token_mean",
+                         "pass both token_mean and token_std, or neither")
     if backend == "torch_reference":
         a = _torch_reference.group_advantages64(s, g, ok, num_groups, "mean", 0.0)
     else:
         a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0)[0]
     tokens = (m != 0) & (ok != 0)[:, None]
-    if (token_mean is None) != (token_std is None):
-        raise InputError("token_std" if token_std is None else "token_mean",
-                         "pass both token_mean and token_std, or neither")
     if token_mean is None:
         per_row = tokens.sum(1).double()
         n = per_row.sum()
         mean = (per_row * a.double()).sum() / n.clamp_min(1)
         var = (per_row * (a.double() - mean) ** 2).sum() / (n - 1).clamp_min(1)
         token_mean, token_std = mean, var.sqrt()
-    out = (a.double()[:, None] - token_mean) / (token_std + eps)
+    den = torch.as_tensor(token_std, dtype=torch.float64, device=s.device) + eps
+    out = (a.double()[:, None] - token_mean) / torch.where(den != 0, den, 1.0)
+    out = torch.where(den != 0, out, 0.0)  # std + eps == 0 (no spread, eps=0): 0, not 0 / 0
     return torch.where(tokens, out, 0.0).float()
 
 
 # ---- validation ----
+
+
+def _eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise InputError("eps", f"must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _token_stat(name, x, device, validate, nonnegative=False):
+    """token_mean / token_std: None, a float, or a float64 0-dim tensor on `device`. A tensor is
+    checked on the host only with validate; otherwise a bad value becomes NaN (every output NaN)."""
+    if x is None:
+        return None
+    need = "a finite number >= 0" if nonnegative else "a finite number"
+    if torch.is_tensor(x):
+        if x.numel() != 1:
+            raise ShapeError(name, f"must hold one number, got shape {tuple(x.shape)}")
+        if x.dtype == torch.bool or x.dtype.is_complex:
+            raise DTypeError(name, f"dtype {x.dtype} is not a real number type")
+        if x.device != device:
+            raise DeviceError(name, f"on {x.device}, scores on {device}")
+        v = x.detach().reshape(()).double()
+        ok = torch.isfinite(v) & (v >= 0) if nonnegative else torch.isfinite(v)
+        if validate and not bool(ok):  # host sync of validation
+            raise InputError(name, f"must be {need}, got {v.item()!r}")
+        return torch.where(ok, v, torch.nan)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (nonnegative and x < 0):
+        raise InputError(name, f"must be {need} or a 1-element tensor, got {x!r}")
+    return float(x)
 
 
 def _float2(name, x, like=None):

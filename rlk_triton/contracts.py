@@ -2,7 +2,8 @@
 
 The tables are the YAML files in contracts/ (installed as rlk_triton.contract_tables); their schema
 is contracts/SCHEMA.md. This module loads them, resolves per-arch overrides, and evaluates the
-judgments. There is never a default: a missing op, dtype or judgment raises ContractError.
+judgments. There is never a default: a missing op, dtype or judgment raises ContractError; a key
+that is not a name at all (op=["selected_logp"], arch=["sm90"]) raises InputError naming it.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import yaml
 
-from .errors import ContractError, ContractSchemaError
+from .errors import ContractError, ContractSchemaError, InputError
 
 SCHEMA_VERSION = 1
 JUDGMENTS = ("forward_accuracy", "forward_invariance", "gradient_accuracy", "gradient_invariance")
@@ -37,11 +38,24 @@ def available_ops() -> list[str]:
     return sorted(f.name[:-5] for f in files.iterdir() if f.name.endswith(".yaml"))
 
 
-@functools.lru_cache(maxsize=None)
+def _check_key(argument: str, value, optional: bool = False) -> None:
+    """Lookup keys are names: anything else (a list, a dtype object for op, ...) is bad input naming
+    the argument, not a lookup miss (and not an unhashable-key TypeError from the cache)."""
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise InputError(argument, f"must be a name (str{' or None' if optional else ''}), "
+                                   f"got {type(value).__name__} {value!r}")
+
+
 def _load(op: str) -> dict:
-    f = resources.files("rlk_triton.contract_tables") / f"{op}.yaml"
-    if not f.is_file():
+    _check_key("op", op)
+    return _load_table(op)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_table(op: str) -> dict:
+    if op not in available_ops():  # a name, never a path ("../x")
         raise ContractError(op, f"no contract table for op {op!r} (have: {available_ops()})")
+    f = resources.files("rlk_triton.contract_tables") / f"{op}.yaml"
     data = yaml.safe_load(f.read_text())
     _validate(op, data)
     return data
@@ -98,7 +112,10 @@ def _need_numbers(where, row, keys):
 
 
 def judgment(op: str, dtype, name: str, arch: str | None = None) -> dict:
-    """One judgment row, with the arch's override applied. Fails closed on anything missing."""
+    """One judgment row, with the arch's override applied. Fails closed on anything missing; a key
+    that is not a name (op, name, arch: str; arch may be None) raises InputError naming it."""
+    _check_key("name", name)
+    _check_key("arch", arch, optional=True)
     data = _load(op)
     dt = dtype_name(dtype)
     if name not in JUDGMENTS:
@@ -114,6 +131,7 @@ def judgment(op: str, dtype, name: str, arch: str | None = None) -> dict:
 
 def contract_id(op: str, dtype, arch: str | None = None) -> str:
     """Hash of the rows that judge (op, dtype) on arch: names the law a result was held to."""
+    _check_key("op", op)
     rows = {n: judgment(op, dtype, n, arch) for n in JUDGMENTS}
     payload = json.dumps({"op": op, "dtype": dtype_name(dtype), "rows": rows}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -103,6 +103,7 @@ def policy_loss(
     rollout_logp: Optional[torch.Tensor] = None,
     tis_cap: Optional[float] = None,
     tis_mode: str = "truncate",
+    validate: bool = True,
     backend: str = "triton",
 ):
     """The clipped policy-gradient loss and its relatives, fused: (loss, per_token_loss, diagnostics).
@@ -125,7 +126,11 @@ def policy_loss(
             "seq-mean-token-mean" the same with each sequence's token mean; "seq-mean-token-sum-norm"
             sum / normalizer (required: Dr. GRPO's constant). A zero denominator gives loss 0.
         normalizer: the global denominator the framework owns (a positive number, or a 1-element
-            tensor on logp's device, read on the device without a host sync).
+            tensor on logp's device holding a finite number >= 0, read by the kernel; 0 gives loss 0).
+        validate: check a tensor normalizer on the host (finite and >= 0, else InputError naming
+            normalizer): one device sync, and only when the normalizer is a tensor (nothing else here
+            syncs). With validate=False (CUDA graphs; skipped under torch.compile too) nothing syncs
+            and a negative or non-finite normalizer tensor makes the loss and gradients NaN.
         backend: "triton" (the kernels) or "torch_reference" (float64 torch, rounded once: any
             device, slow, same contract).
 
@@ -149,7 +154,7 @@ def policy_loss(
         if loss_type == "cispo":
             raise InputError("dual_clip_c", "applies to the clipped surrogate, not to cispo")
     t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode)
-    norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp)
+    norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp, validate)
 
     fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
     loss, per_token, diag, *_row_weight = fwd(
@@ -369,8 +374,9 @@ def _positive(name, value, allow_inf=False) -> float:
     return v
 
 
-def _check_normalizer(normalizer, aggregation, logp):
-    """(value, None), (None, fp32-readable 1-element tensor) or (None, None)."""
+def _check_normalizer(normalizer, aggregation, logp, validate=True):
+    """(value, None), (None, fp32-readable 1-element tensor) or (None, None). A tensor's value is
+    checked only with validate (a host sync); the kernel turns a bad one into a NaN loss otherwise."""
     if normalizer is None:
         if aggregation == "seq-mean-token-sum-norm":
             raise InputError("normalizer", "seq-mean-token-sum-norm divides by a constant the caller "
@@ -383,5 +389,9 @@ def _check_normalizer(normalizer, aggregation, logp):
             raise DTypeError("normalizer", f"dtype {normalizer.dtype} is not a real number type")
         if normalizer.device != logp.device:
             raise DeviceError("normalizer", f"on {normalizer.device}, logp on {logp.device}")
-        return None, normalizer.detach().reshape(1).contiguous()
+        value = normalizer.detach().reshape(1).contiguous()
+        if validate and not torch.compiler.is_compiling():
+            if not bool((torch.isfinite(value) & (value >= 0)).all()):  # the host sync of validation
+                raise InputError("normalizer", f"the tensor must hold a finite number >= 0, got {value.item()!r}")
+        return None, value
     return _positive("normalizer", normalizer), None

@@ -3,7 +3,10 @@
 Two orthogonal switches, from arguments or else the environment, else "off":
   fast         off | auto | strict      (RLK_FAST)         may rlk_triton run the op, and must it?
   consistency  off | audit | strict     (RLK_CONSISTENCY)  are rollout/trainer diagnostics on, must they hold?
-and an operator allowlist (argument, else RLK_OPS="selected_logp,..."; unset or "*" = every op).
+and an operator allowlist (argument, else RLK_OPS="selected_logp,..."; unset or "*" = every op). A
+string allowlist is one name or a comma list (never its characters); an entry that names no operator
+raises InputError under fast=strict, and under fast=auto is warned (RlkFallbackWarning) and recorded
+in the decision (requested.allowlist_unknown).
 
 | fast   | consistency | behaviour |
 |--------|-------------|-----------|
@@ -107,13 +110,26 @@ def _mode(value, env_name, allowed, env) -> tuple[str, str]:
     return mode, source
 
 
-def _allowlist(allowlist, env) -> Optional[list]:
-    if allowlist is not None:
-        return sorted(allowlist)
-    raw = env.get("RLK_OPS", "").strip()
-    if raw in ("", "*"):
-        return None
-    return sorted(x.strip() for x in raw.split(",") if x.strip())
+def _allowlist(allowlist, env) -> tuple[Optional[list], str]:
+    """(sorted operator names, or None for every op; the argument or env var they came from).
+
+    A string (the argument or RLK_OPS) is one name or a comma list, never its characters; empty or
+    "*" means every op. Otherwise an iterable of names ("*" among them: every op)."""
+    source, raw = ("allowlist", allowlist) if allowlist is not None else ("RLK_OPS", env.get("RLK_OPS", ""))
+    if isinstance(raw, str):
+        names = [x.strip() for x in raw.split(",") if x.strip()]
+        if not names:
+            return None, source
+    else:
+        try:
+            names = list(raw)
+        except TypeError:
+            names = None
+        if names is None or not all(isinstance(x, str) for x in names):
+            raise InputError(source, f"must be an operator name, a comma list of names or an iterable of names, "
+                                     f"got {raw!r}")
+        names = [x.strip() for x in names]
+    return (None if "*" in names else sorted(set(names))), source
 
 
 def resolve(
@@ -131,15 +147,26 @@ def resolve(
     the RL ops) on `device`. Raises PolicyError on failure.
 
     `dtype`: a torch.dtype or a name ('bfloat16', 'bf16', 'torch.bfloat16', 'half', ...), else DTypeError.
+    `allowlist`: a name or comma list (a string, parsed like RLK_OPS), or an iterable of names; None
+    reads RLK_OPS. Entries naming no operator: InputError under fast=strict, warned and recorded
+    (requested.allowlist_unknown) otherwise.
     `device`: a string or torch.device (default: cuda if present, else cpu). A CUDA device this machine
     lacks resolves like any unavailable backend (every candidate says why), and consistency
     audit/strict fail closed on it: without the device its arch, hence its contract rows, are unknown."""
     env = os.environ if env is None else env
+    if not isinstance(env, Mapping):
+        raise InputError("env", f"must be a mapping of environment variables, got {type(env).__name__}")
+    if log is not None and not callable(getattr(log, "append", None)):
+        raise InputError("log", f"must be a policy.DecisionLog (or have .append), got {type(log).__name__}")
     device = registry.device_str(device if device is not None else registry.default_device())
     fast_mode, fast_src = _mode(fast, "RLK_FAST", FAST_MODES, env)
     cons_mode, cons_src = _mode(consistency, "RLK_CONSISTENCY", CONSISTENCY_MODES, env)
-    allowed = _allowlist(allowlist, env)
+    allowed, allow_src = _allowlist(allowlist, env)
     entry = registry.operator(op)
+    known = {o.name for o in registry.operators()}
+    unknown = [x for x in (allowed or ()) if x not in known]
+    if unknown and fast_mode == "strict":  # a typo must not turn fast=strict into a silent native path
+        raise InputError(allow_src, f"{unknown} name no operator (have: {sorted(known)}); fast=strict")
     dt = dtype_name(dtype)
     arch, no_device = None, None
     try:
@@ -153,6 +180,11 @@ def resolve(
         "allowlist": allowed})
     d.diagnostics = cons_mode != "off"
     d.contract_checks_required = cons_mode == "strict"
+    if unknown:  # fast=auto / off: recorded, and warned under auto
+        d.requested["allowlist_unknown"] = unknown
+        if fast_mode == "auto":
+            warnings.warn(f"rlk_triton {allow_src}: {unknown} name no operator (have: {sorted(known)}); "
+                          "ignored, so the ops they meant run the native path", RlkFallbackWarning, stacklevel=2)
     effective_fast = fast_mode
     if allowed is not None and op not in allowed:
         effective_fast = "off"

@@ -11,8 +11,10 @@ Reduction order: tiles from the row's end to its start; inside a tile the compil
 (BLOCK_T, num_warps); fixed for a config, independent of the batch.
 
 Group statistics, one program per group: the members are stable-sorted by group id so that each
-group is one contiguous segment; two passes over the segment in tiles of BLOCK_B (the sum, then
-the squared deviations from the mean), in member order. No atomics.
+group is one contiguous segment; two passes over the segment in tiles of BLOCK_B (the sum, with
+the min and max, then the squared deviations from the mean), in member order. No atomics. A group
+whose scores are all equal takes that score as its mean exactly (min == max), so all its
+advantages are exact zeros in every mode; mean_std gives 0 where std + eps == 0 (eps = 0).
 """
 from __future__ import annotations
 
@@ -99,10 +101,19 @@ def _group_stats_kernel(sorted_score_ptr, start_ptr, count_ptr, mean_ptr, m2_ptr
     n = tl.load(count_ptr + g)
     lanes = tl.arange(0, BLOCK_B)
     total = tl.zeros((), tl.float32)
+    lo = tl.full((), float("inf"), tl.float32)
+    hi = tl.full((), float("-inf"), tl.float32)
     for k in range(0, n, BLOCK_B):
         i = k + lanes
-        total += tl.sum(tl.load(sorted_score_ptr + start + i, mask=i < n, other=0.0), 0)
+        x = tl.load(sorted_score_ptr + start + i, mask=i < n, other=0.0)
+        total += tl.sum(x, 0)
+        lo = tl.minimum(lo, tl.min(tl.where(i < n, x, float("inf")), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(i < n, x, float("-inf")), 0))
     mean = total / tl.maximum(n, 1).to(tl.float32)
+    # The fp32 mean of equal scores can miss them by an ulp (x + x + x rounds): a group whose scores
+    # are all equal gets that score as its mean, exactly, so every deviation and m2 are exact zeros.
+    # (mean == mean: a NaN member keeps the whole group NaN on every backend.)
+    mean = tl.where((lo == hi) & (mean == mean), lo, mean)
     m2 = tl.zeros((), tl.float32)
     for k in range(0, n, BLOCK_B):  # second pass: squared deviations from the mean (no cancellation)
         i = k + lanes
@@ -126,13 +137,17 @@ def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, cou
         adv = s - mean
     elif MODE == 1:  # mean / std (unbiased, as torch.std); a group of one has no spread: 0
         std = tl.sqrt(tl.load(m2_ptr + g, mask=valid, other=0.0) / tl.maximum(n - 1.0, 1.0))
-        adv = tl.where(n > 1.0, (s - mean) / (std + tl.cast(eps, tl.float32)), 0.0)
+        den = std + tl.cast(eps, tl.float32)
+        # std + eps == 0 (eps = 0 and no spread): 0, not 0 / 0; a NaN den still propagates
+        adv = tl.where((n > 1.0) & (den != 0.0), (s - mean) / tl.where(den != 0.0, den, 1.0), 0.0)
     else:  # leave-one-out: s minus the mean of the others; a group of one has no others: 0
         adv = tl.where(n > 1.0, (s - mean) * (n / tl.maximum(n - 1.0, 1.0)), 0.0)
     tl.store(out_ptr + i, tl.where(valid, adv, 0.0), mask=inside)
 
 def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
     B, T = rewards.shape
+    # the kernel indexes [B, T] rows with stride T: views are read as their contiguous copies
+    rewards, values, mask_u8, bootstrap = (x.contiguous() for x in (rewards, values, mask_u8, bootstrap))
     adv = torch.zeros_like(rewards)  # tokens after a row's last active one are never written
     ret = torch.zeros_like(rewards)
     if B == 0 or T == 0:
@@ -169,6 +184,8 @@ def launch_group_stats(scores, group_ids, valid_u8, num_groups):
 
 
 def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float):
+    # the kernels index these flat: any view (a strided group_ids) is read as its contiguous copy
+    scores, group_ids, valid_u8 = scores.contiguous(), group_ids.contiguous(), valid_u8.contiguous()
     mean, m2, count = launch_group_stats(scores, group_ids, valid_u8, num_groups)
     out = torch.empty_like(scores)
     B = scores.numel()

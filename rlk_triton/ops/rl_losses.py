@@ -381,6 +381,9 @@ def _policy_loss_batch_kernel(
     if HAS_NORMALIZER:
         if NORMALIZER_FROM_PTR:
             den = tl.load(normalizer_ptr).to(tl.float32)
+            # read on the device, unchecked with validate=False: a negative or non-finite value makes the
+            # loss and the gradients NaN (visible), never a finite loss of the wrong sign or size
+            den = tl.where((den >= 0.0) & (den < float("inf")), den, float("nan"))
         else:
             den = tl.cast(normalizer, tl.float32)
     elif AGG == 0:

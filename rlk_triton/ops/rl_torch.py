@@ -145,6 +145,7 @@ def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_
     n_tokens, n_seqs = n_row.sum(), (n_row > 0).sum().to(F64)
     if normalizer_tensor is not None:
         den = normalizer_tensor.detach().reshape(()).to(F64)
+        den = torch.where(torch.isfinite(den) & (den >= 0), den, torch.nan)  # as the kernel: poison, not a sign flip
     elif normalizer is not None:
         den = torch.tensor(float(normalizer), dtype=F64, device=logp.device)
     else:
@@ -291,8 +292,10 @@ def group_advantages64(scores, group_ids, valid_u8, num_groups, mode: str, eps: 
     if mode == "mean":
         adv = s - mu
     elif mode == "mean_std":
+        # The float64 mean of equal fp32 scores is exact (their sums fit in 53 bits), so a group
+        # without spread has exact zero deviations; std + eps == 0 (eps = 0) gives 0, not 0 / 0.
         std = torch.sqrt(m2[g] / torch.clamp(n - 1.0, min=1.0))
-        adv = torch.where(several, (s - mu) / (std + eps), 0.0)
+        adv = torch.where(several, _div0(s - mu, std + eps), 0.0)
     else:  # rloo: s minus the mean of the others
         adv = torch.where(several, (s - mu) * (n / torch.clamp(n - 1.0, min=1.0)), 0.0)
     return torch.where(ok, adv, 0.0)
