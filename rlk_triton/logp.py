@@ -15,11 +15,12 @@ from typing import Union
 import torch
 
 from ._runtime import interpreter_active
-from .errors import (BackendError, DeviceError, DTypeError, LayoutError, ShapeError, TargetIndexError,
+from .errors import (BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
 from .ops import linear_logp as _linear_op
 from .ops import selected_logp as _op
 from .ops.selected_logp_torch import selected_logp_torch as _torch_reference
+from .ops.selected_logp_torch import selected_logp_torch_indexed as _torch_reference_indexed
 
 SUPPORTED_LOGITS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
@@ -69,6 +70,7 @@ def selected_logp(
     lead = _check_logits(logits, backend)
     _check_index("target_ids", target_ids, logits, lead)
     t_value, t_rows = _check_temperature(temperature, target_ids.shape, logits.device, validate)
+    ignore_index = _check_ignore_index(ignore_index)
     flat_targets = target_ids.reshape(-1).contiguous()  # the kernel reads targets densely
     if validate:
         _check_targets(flat_targets, logits.shape[-1], ignore_index)
@@ -99,8 +101,15 @@ def selected_logp_indexed(
 
     The rows of logits [..., V] are numbered in row-major order of the leading dims (as in
     logits.reshape(-1, V)). row_indices [K] int32 / int64, distinct; target_ids [K]; a tensor
-    temperature is [K]. Returns [K] float32 (and entropy), bitwise equal to the dense result on
+    temperature is [K]. Index tensors may have any strides (a strided view gives the bits of its
+    contiguous copy). Returns [K] float32 (and entropy), bitwise equal to the dense result on
     those rows. The gradient is zero on the rows not scored.
+
+    validate=True checks targets and row numbers on the host (one device sync): a row number
+    outside [0, rows) or a repeated one raises ShapeError naming row_indices. With validate=False
+    an out-of-range row number gives NaN logp and entropy for that entry and adds nothing to the
+    gradient (no read or write outside logits); repeated rows give undefined gradient values on
+    those rows. Row numbers into logits with no rows at all raise ShapeError either way (no sync).
     """
     lead = _check_logits(logits, backend)
     n_rows = math.prod(lead)
@@ -111,7 +120,11 @@ def selected_logp_indexed(
     if row_indices.device != logits.device:
         raise DeviceError("row_indices", f"on {row_indices.device}, logits on {logits.device}")
     _check_index("target_ids", target_ids, logits, tuple(row_indices.shape))
+    if n_rows == 0 and row_indices.numel():  # no row exists: known from the shapes, no sync
+        raise ShapeError("row_indices", f"{row_indices.numel()} row numbers into logits with no rows "
+                         f"{tuple(logits.shape)}")
     t_value, t_rows = _check_temperature(temperature, target_ids.shape, logits.device, validate)
+    ignore_index = _check_ignore_index(ignore_index)
     row_indices = row_indices.contiguous()
     if validate:
         _check_targets(target_ids, logits.shape[-1], ignore_index)
@@ -123,9 +136,8 @@ def selected_logp_indexed(
             if dup:
                 raise ShapeError("row_indices", "row numbers must be distinct")
     if backend == "torch_reference":
-        rows = logits.reshape(-1, logits.shape[-1]).index_select(0, row_indices)
-        logp, entropy = _torch_reference(rows, target_ids.reshape(-1), t_value, t_rows, ignore_index,
-                                         return_entropy)
+        logp, entropy = _torch_reference_indexed(logits, target_ids.reshape(-1), row_indices, t_value, t_rows,
+                                                 ignore_index, return_entropy)
     else:
         logp, entropy, _, _ = _op.selected_logp_fwd(
             logits, target_ids.contiguous(), row_indices, t_value, t_rows, int(ignore_index),
@@ -191,6 +203,7 @@ def linear_logp(
         if vocab_start_index < 0 or vocab_start_index + V_local > global_V:
             raise ShapeError("vocab_start_index", f"shard [{vocab_start_index}, {vocab_start_index + V_local})"
                              f" is not inside the vocab [0, {global_V})")
+    ignore_index = _check_ignore_index(ignore_index)
     flat_targets = target_ids.reshape(-1).contiguous()
     if validate:
         _check_targets(flat_targets, global_V, ignore_index)
@@ -250,7 +263,7 @@ def _check_linear_inputs(hidden, weight, bias, target_ids):
     _check_index("target_ids", target_ids, hidden, lead, against="hidden")
     if weight.shape[0] == 0 and math.prod(lead) > 0:
         raise ShapeError("weight", "has no vocab rows")
-    return hidden.reshape(-1, H), lead
+    return hidden.reshape(math.prod(lead), H), lead  # not -1: H may be 0
 
 
 def _check_scalar_temperature(temperature) -> float:
@@ -343,6 +356,12 @@ def _check_temperature(temperature, shape, device, validate):
     if not math.isfinite(t) or t <= 0.0:
         raise TemperatureError("temperature", f"must be finite and > 0, got {temperature!r}")
     return t, None
+
+
+def _check_ignore_index(ignore_index):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise InputError("ignore_index", f"must be an int, got {ignore_index!r}")
+    return ignore_index
 
 
 def _check_targets(flat_targets, V, ignore_index):

@@ -80,7 +80,9 @@ def _block(kernel, weight_dtype, H, device) -> tuple[int, int]:
 
 
 def launch_forward(token_ids, weight):
-    """weight[token_ids] as a contiguous [N, H] tensor; token_ids is flat and contiguous."""
+    """weight[token_ids] as a contiguous [N, H] tensor; token_ids is flat (a strided one is copied)."""
+    if not token_ids.is_contiguous():  # the kernel reads the ids densely
+        token_ids = token_ids.contiguous()
     N = token_ids.numel()
     V, H = weight.shape
     out = torch.empty((N, H), dtype=weight.dtype, device=weight.device)
@@ -170,13 +172,15 @@ def embedding(token_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None
     """weight[token_ids]: [*token_ids.shape, H] in the weight's dtype, bitwise the weight's rows.
 
     Args:
-        token_ids: int32 / int64 of any shape, ids in [0, V).
+        token_ids: int32 / int64 of any shape and strides (a strided view gives the bits of its
+            contiguous copy), ids in [0, V).
         weight: [V, H] bf16 / fp16 / fp32; any row stride, contiguous last dim.
         padding_idx: None, or an id in [-V, V) (negative counts from the end, as torch). Its tokens
             still read weight[padding_idx] but add nothing to its gradient: dW[padding_idx] = 0.
         validate: check the ids on the host (one device sync) and raise IdRangeError naming
             token_ids, the id and its flat position; with validate=False an out-of-range id gives a
-            NaN row and adds nothing to dW.
+            NaN row and adds nothing to dW (the kernel reads no weight row for it: never another
+            row's values, never a read outside weight).
 
     Returns:
         [*token_ids.shape, H], contiguous. Differentiable w.r.t. weight: dW [V, H] in the weight's

@@ -212,7 +212,7 @@ def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Ten
     """(x_desc, w_desc, DESC) for the fused kernels. The descriptor path needs a config that asks for
     it and TMA-compatible operands (matmul.tma_ready); otherwise the pointer path, which gives the
     same bits, one program per work item. Built once per call: every vocab chunk reuses them."""
-    if not (cfg.persistent_tma and tma_ready(hidden, weight)):
+    if not (cfg.persistent_tma and hidden.shape[1] > 0 and tma_ready(hidden, weight)):  # H = 0: no K extent
         return hidden, weight, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -255,6 +255,8 @@ def merge(stats, target, ignore_index: int, with_entropy: bool):
     """(logp, entropy, row_max, row_logsum) fp32 [N] from tile states [5, tiles, N] in vocab order."""
     n_chunks, N = stats.shape[1], stats.shape[2]
     dev = stats.device
+    if not target.is_contiguous():  # the kernel reads the targets densely
+        target = target.contiguous()
     logp, row_max, row_logsum = (torch.empty(N, dtype=torch.float32, device=dev) for _ in range(3))
     entropy = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
     if N:

@@ -16,6 +16,7 @@ swizzle for L2 reuse) decides only when a tile runs, not what it computes.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -337,6 +338,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     a [..., K] (leading dims flattened), b [K, N] (any strides: pass weight.t() for a linear
     layer), bias [N]; one dtype (bf16, fp16, fp32; fp32 is IEEE, never TF32), one device.
     Rows of the result and of d a are bitwise independent of the other rows (docs/matmul.md).
+    Empty shapes are valid: M = 0 or N = 0 give an empty result, K = 0 the empty sum (zeros, plus
+    bias), forward and backward, without a launch.
     """
     from ..errors import DeviceError, DTypeError, ShapeError
 
@@ -359,5 +362,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if a.device.type == "cpu" and not interpreter_active():
         raise DeviceError("a", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
     lead = a.shape[:-1]
-    out = _matmul_op(a.reshape(-1, a.shape[-1]), b, bias.contiguous() if bias is not None else None)
+    # not reshape(-1, K): with K = 0 (or any empty a) the -1 could be anything
+    a2d = a.reshape(math.prod(lead), a.shape[-1])
+    out = _matmul_op(a2d, b, bias.contiguous() if bias is not None else None)
     return out.reshape(*lead, b.shape[1])

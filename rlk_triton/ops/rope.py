@@ -20,6 +20,7 @@ Pairs: half rotation (GPT-NeoX / Llama) pairs element i with i + R/2; interleave
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -28,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, interpreter_active
+from .._runtime import arch_of, as_device, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,8 +57,11 @@ def _rotate_block(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, block, n_rows, head
     i = tl.arange(0, HALF_PAD)
     m = row_ok[:, None] & (i < HALF)[None, :]
     table = pos[:, None] * HALF + i[None, :]
-    c = tl.load(cos_ptr + table, mask=m, other=0.0)
-    s = tl.load(sin_ptr + table, mask=m, other=0.0)
+    # a bad position reads no table entry at all (position 0 does not exist in an empty table);
+    # its outputs are NaN below. A valid position's mask is m itself.
+    m_table = m & pos_ok[:, None]
+    c = tl.load(cos_ptr + table, mask=m_table, other=0.0)
+    s = tl.load(sin_ptr + table, mask=m_table, other=0.0)
     if INVERSE:
         s = -s
     if INTERLEAVED:
@@ -109,6 +113,8 @@ def launch(q, k, cos, sin, position_ids, interleaved: bool, inverse: bool):
     contiguous. Returns contiguous (q_out, k_out); k_out is an empty tensor when k is None.
     """
     T, H, D = q.shape
+    if not position_ids.is_contiguous():  # the kernel reads position ids densely
+        position_ids = position_ids.contiguous()
     q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape if k is not None else (0,), dtype=q.dtype, device=q.device)
     half = cos.shape[1]
@@ -230,6 +236,7 @@ def rope_tables(max_positions: int, rotary_dim: int, *, base: float = 10000.0, s
     """
     if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 0:
         raise InputError("max_positions", f"must be an int >= 0, got {max_positions!r}")
+    device = as_device(device) if device is not None else None
     inv = rope_inv_freq(rotary_dim, base, scaling)
     angle = np.arange(max_positions, dtype=np.float64)[:, None] * inv[None, :]
     cos = torch.from_numpy(np.cos(angle).astype(np.float32))
@@ -244,7 +251,10 @@ def rope_position_ids(cu_seqlens: torch.Tensor, offsets: Optional[torch.Tensor] 
     cu_seqlens: int [S + 1], 0 = cu_seqlens[0] <= ... <= cu_seqlens[S] = num_tokens (flash-attn's
     varlen convention). offsets: int [S], the position of each sequence's first token (its KV-cache
     length in a decode or chunked-prefill step); None = 0. num_tokens: cu_seqlens[-1], given to avoid
-    the host sync that reading it costs. validate checks the convention (one host sync).
+    the host sync that reading it costs. validate checks the convention (one host sync); with
+    validate=False only the sizes are checked (num_tokens an int >= 0, cu_seqlens[-1] >= 0) and a
+    broken cu_seqlens gives undefined positions, never an index outside cu_seqlens / offsets.
+    cu_seqlens and offsets may be strided views.
     Prefill of one sequence: cu_seqlens [0, T]; a decode step of S sequences: cu_seqlens
     [0, 1, ..., S] with offsets = the cache lengths.
     """
@@ -254,7 +264,7 @@ def rope_position_ids(cu_seqlens: torch.Tensor, offsets: Optional[torch.Tensor] 
         raise DTypeError("cu_seqlens", f"dtype {cu_seqlens.dtype} is not int32 or int64")
     S = cu_seqlens.numel() - 1
     dev = cu_seqlens.device
-    cu = cu_seqlens.long()
+    cu = cu_seqlens.long().contiguous()
     if offsets is not None:
         if not isinstance(offsets, torch.Tensor) or tuple(offsets.shape) != (S,):
             raise ShapeError("offsets", f"must be a tensor of shape ({S},), one offset per sequence")
@@ -262,6 +272,9 @@ def rope_position_ids(cu_seqlens: torch.Tensor, offsets: Optional[torch.Tensor] 
             raise DTypeError("offsets", f"dtype {offsets.dtype} is not int32 or int64")
         if offsets.device != dev:
             raise DeviceError("offsets", f"on {offsets.device}, cu_seqlens on {dev}")
+    if num_tokens is not None and (isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral)
+                                   or num_tokens < 0):
+        raise InputError("num_tokens", f"must be None or an int >= 0, got {num_tokens!r}")
     if validate and S >= 0:
         lengths = cu[1:] - cu[:-1]
         if int(cu[0]) != 0 or bool((lengths < 0).any()):
@@ -271,6 +284,8 @@ def rope_position_ids(cu_seqlens: torch.Tensor, offsets: Optional[torch.Tensor] 
         if num_tokens is not None and int(cu[-1]) != num_tokens:
             raise ShapeError("num_tokens", f"{num_tokens} != cu_seqlens[-1] = {int(cu[-1])}")
     n = int(cu[-1]) if num_tokens is None else int(num_tokens)
+    if n < 0:  # only unvalidated: a negative cu_seqlens[-1] sizes nothing
+        raise ShapeError("cu_seqlens", f"cu_seqlens[-1] = {n} is negative")
     tok = torch.arange(n, device=dev)
     if S == 0:
         return tok
@@ -298,7 +313,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
         interleaved: False pairs dim i with i + R/2 (GPT-NeoX / Llama, "rotate_half"); True pairs
             2i with 2i + 1 (GPT-J).
         validate: check position ids on the host (one device sync); with validate=False an
-            out-of-table position gives NaN in that token's rotated dims.
+            out-of-table position (negative, >= P, or any position of an empty table) gives NaN in
+            that token's rotated dims and reads no table entry: never another position's rotation,
+            never a read outside the tables. A strided position_ids gives its contiguous copy's bits.
 
     Returns:
         q_rot, k_rot: new contiguous tensors in the input dtype, shapes of q and k. fp32 arithmetic,
@@ -362,10 +379,11 @@ def _check_heads(name, x, q, lead):
     head_lead = tuple(x.shape[:-2])
     if x.dim() == 3:
         return x, head_lead
+    shape3 = (math.prod(head_lead), x.shape[-2], x.shape[-1])  # not -1: a 0-element x has no inferable dim
     try:
-        x3 = x.view(-1, x.shape[-2], x.shape[-1])
+        x3 = x.view(shape3)
     except RuntimeError:
-        x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
+        x3 = x.reshape(shape3)
     return x3, head_lead
 
 

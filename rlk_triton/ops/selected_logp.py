@@ -18,6 +18,7 @@ which covers [N, V] with any row stride and [B, T, V] slices such as logits[:, :
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -30,13 +31,22 @@ from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
 
 
 @triton.jit
-def _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid,
-               HAS_ROW_INDEX: tl.constexpr):
-    """Address of the first logit of scored row pid (a scalar, or a vector of scored rows)."""
+def _row_of(row_index_ptr, pid, total_rows, HAS_ROW_INDEX: tl.constexpr):
+    """(row, row_ok) of scored row pid (a scalar, or a vector of scored rows). A row index outside
+    [0, total_rows) (row_indices with validate=False) is clamped to row 0 and flagged: no program
+    reads or writes outside the logits (the launcher never launches on zero rows); a valid index
+    passes unchanged."""
     if HAS_ROW_INDEX:
         row = tl.load(row_index_ptr + pid).to(tl.int64)
     else:
         row = pid.to(tl.int64)
+    row_ok = (row >= 0) & (row < total_rows)
+    return tl.where(row_ok, row, 0), row_ok
+
+
+@triton.jit
+def _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row):
+    """Address of the first logit of row `row` of the [..., V] logits."""
     return logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
 
 
@@ -48,23 +58,28 @@ def _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE: tl.
 
 
 @triton.jit
-def _row_results(m, s, t, x_t, target, V, ignore_index):
-    """(logp, log-sum, entropy) of a row from its softmax state and its target's x (elementwise)."""
+def _row_results(m, s, t, x_t, target, V, ignore_index, row_ok):
+    """(logp, log-sum, entropy) of a row from its softmax state and its target's x (elementwise).
+    A row that does not exist (row_ok false: a bad row index) gets NaN logp. Its entropy is made NaN
+    by the callers through the state (a select on the entropy here moved its subtraction away from
+    log_s's multiply in the merge kernel's PTX, and ptxas then rounded it differently: 1 ulp on the
+    H200 for valid rows)."""
     log_s = log_of_sum(s)
     logp = (x_t - m) - log_s  # subtract the max first: exact for x_t close to it
     logp = tl.where((target >= 0) & (target < V), logp, float("nan"))
     logp = tl.where(target == ignore_index, 0.0, logp)
+    logp = tl.where(row_ok, logp, float("nan"))
     return logp, log_s, log_s - t / s
 
 
 # n_rows / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
 # constant, which has no .to().
-@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks"])
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks", "total_rows"])
 def _fwd_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,
     target_ptr, row_index_ptr, temperature_ptr, temperature,
     logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr, state_ptr,
-    V, ignore_index, n_rows, n_chunks,
+    V, ignore_index, n_rows, n_chunks, total_rows,
     HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
     FINISH: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr,
 ):
@@ -73,7 +88,8 @@ def _fwd_kernel(
     # the chunk's state for _fwd_merge_kernel.
     pid = tl.program_id(0)
     chunk = tl.program_id(1)
-    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid, HAS_ROW_INDEX)
+    row, row_ok = _row_of(row_index_ptr, pid, total_rows, HAS_ROW_INDEX)
+    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row)
     inv_t = _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE)
 
     lanes = tl.arange(0, BLOCK_V)
@@ -95,7 +111,8 @@ def _fwd_kernel(
         target = tl.load(target_ptr + pid).to(tl.int64)
         in_range = (target >= 0) & (target < V)
         x_t = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32) * inv_t
-        logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index)
+        logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index, row_ok)
+        entropy = tl.where(row_ok, entropy, float("nan"))  # (the same bits for valid rows on the H200)
         tl.store(logp_ptr + pid, logp)
         tl.store(row_max_ptr + pid, m)
         tl.store(row_logsum_ptr + pid, log_s)
@@ -106,17 +123,17 @@ def _fwd_kernel(
         out = state_ptr + pid.to(tl.int64) * n_chunks + chunk
         plane = n_rows.to(tl.int64) * n_chunks
         tl.store(out, m)
-        tl.store(out + plane, s)
+        tl.store(out + plane, tl.where(row_ok, s, float("nan")))  # a missing row: NaN sum, so NaN results
         if WITH_ENTROPY:
             tl.store(out + 2 * plane, t)
 
 
-@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks"])
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks", "total_rows"])
 def _fwd_merge_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,
     target_ptr, row_index_ptr, temperature_ptr, temperature,
     logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr, state_ptr,
-    V, ignore_index, n_rows, n_chunks,
+    V, ignore_index, n_rows, n_chunks, total_rows,
     HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, CHUNKS: tl.constexpr,
 ):
@@ -125,7 +142,8 @@ def _fwd_merge_kernel(
     block = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     ok = block < n_rows
     pid = tl.minimum(block, n_rows - 1)  # lanes past the end redo the last row; their stores are masked
-    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row_index_ptr, pid, HAS_ROW_INDEX)
+    row, row_ok = _row_of(row_index_ptr, pid, total_rows, HAS_ROW_INDEX)
+    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row)
     inv_t = _inv_temperature(temperature_ptr, temperature, pid, PER_ROW_TEMPERATURE)
     target = tl.load(target_ptr + pid).to(tl.int64)
     in_range = (target >= 0) & (target < V)
@@ -142,7 +160,7 @@ def _fwd_merge_kernel(
         t_c = tl.load(at + 2 * plane, mask=have, other=0.0)
     m, s, t = merge_all_softmax_states(m_c, s_c, t_c, WITH_ENTROPY)
 
-    logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index)
+    logp, log_s, entropy = _row_results(m, s, t, x_t, target, V, ignore_index, row_ok)
     tl.store(logp_ptr + block, logp, mask=ok)
     tl.store(row_max_ptr + block, m, mask=ok)
     tl.store(row_logsum_ptr + block, log_s, mask=ok)
@@ -150,23 +168,20 @@ def _fwd_merge_kernel(
         tl.store(entropy_ptr + block, entropy, mask=ok)
 
 
-@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index"])
+@triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "total_rows"])
 def _bwd_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,
     target_ptr, row_index_ptr, temperature_ptr, temperature,
     row_max_ptr, row_logsum_ptr, entropy_ptr,
     grad_logp_ptr, grad_entropy_ptr, grad_logits_ptr, grad_row_stride,
-    V, ignore_index,
+    V, ignore_index, total_rows,
     HAS_ROW_INDEX: tl.constexpr, PER_ROW_TEMPERATURE: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tile = tl.program_id(1)
-    if HAS_ROW_INDEX:
-        row = tl.load(row_index_ptr + pid).to(tl.int64)
-    else:
-        row = pid.to(tl.int64)
-    row_ptr = logits_ptr + (row // inner_size) * stride_outer + (row % inner_size) * stride_inner
+    row, row_ok = _row_of(row_index_ptr, pid, total_rows, HAS_ROW_INDEX)
+    row_ptr = _row_start(logits_ptr, stride_outer, stride_inner, inner_size, row)
     if PER_ROW_TEMPERATURE:
         temperature = tl.load(temperature_ptr + pid)
     inv_t = 1.0 / tl.cast(temperature, tl.float32)
@@ -189,7 +204,9 @@ def _bwd_kernel(
         dx -= h * tl.where(p > 0.0, p * (log_p + ent), 0.0)
     dx = dx * inv_t
     out_ptr = grad_logits_ptr + row * grad_row_stride
-    tl.store(out_ptr + offs, dx.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+    # a row that does not exist (bad row index) writes nothing: its logp is NaN and it has no gradient
+    # (a valid row's store mask is offs < V, as before)
+    tl.store(out_ptr + offs, dx.to(grad_logits_ptr.dtype.element_ty), mask=offs < tl.where(row_ok, V, 0))
 
 
 def row_layout(logits: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
@@ -229,9 +246,22 @@ def chunk_count(V: int, chunk_v: int) -> int:
     return max(triton.cdiv(V, chunk_v), 1)
 
 
+def total_rows(logits: torch.Tensor) -> int:
+    """The rows of [..., V] logits (row numbers of row_index lie in [0, total_rows))."""
+    return math.prod(logits.shape[:-1])
+
+
+def dense_index(ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The kernels read index tensors densely: a strided view is copied (in its dtype), a dense one
+    passes unchanged."""
+    return ids if ids is None or ids.is_contiguous() else ids.contiguous()
+
+
 def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
                    ignore_index, with_entropy):
-    """Runs the forward kernels. target_ids / row_index / temperature_rows are 1-D over scored rows."""
+    """Runs the forward kernels. target_ids / row_index / temperature_rows are 1-D over scored rows.
+    A row index outside the logits' rows gives NaN logp and entropy (no read outside the logits)."""
+    target_ids, row_index, temperature_rows = (dense_index(t) for t in (target_ids, row_index, temperature_rows))
     n = target_ids.numel()
     dev = logits.device
     logp = torch.empty(n, dtype=torch.float32, device=dev)
@@ -239,6 +269,11 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
     row_max = torch.empty(n, dtype=torch.float32, device=dev)
     row_logsum = torch.empty(n, dtype=torch.float32, device=dev)
     if n == 0:
+        return logp, entropy, row_max, row_logsum
+    rows = total_rows(logits)
+    if rows == 0:  # scored rows of no logits (row_index, unvalidated): nothing exists to clamp to
+        for out in (logp, entropy, row_max, row_logsum):
+            out.fill_(float("nan"))
         return logp, entropy, row_max, row_logsum
     V = logits.shape[-1]
     cfg = _config("selected_logp_fwd", logits)
@@ -254,7 +289,7 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
     args = (lg, so, si, inner,
             target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
             logp, entropy if with_entropy else logp, row_max, row_logsum, states,
-            V, ignore_index, n, n_chunks)
+            V, ignore_index, n, n_chunks, rows)
     flags = dict(HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy)
     _fwd_kernel[(n, n_chunks)](
         *args, **flags, FINISH=finish, BLOCK_V=cfg.block_v, CHUNK_V=split.block_v,
@@ -270,11 +305,13 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
 def launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temperature,
                     temperature_rows, ignore_index, row_max, row_logsum, entropy):
     """Returns d logits, contiguous, in the logits' dtype and shape (zero rows where not scored)."""
+    target_ids, row_index, temperature_rows = (dense_index(t) for t in (target_ids, row_index, temperature_rows))
     V = logits.shape[-1]
     n = target_ids.numel()
     alloc = torch.zeros if row_index is not None else torch.empty
     grad = alloc(logits.shape, dtype=logits.dtype, device=logits.device)
-    if n == 0 or V == 0:
+    rows = total_rows(logits)
+    if n == 0 or V == 0 or rows == 0:
         return grad
     cfg = _config("selected_logp_bwd", logits)
     lg, so, si, inner = row_layout(logits)
@@ -285,7 +322,7 @@ def launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temp
         target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
         row_max, row_logsum, entropy if with_h else row_max,
         grad_logp, grad_entropy if with_h else grad_logp, grad, V,
-        V, ignore_index,
+        V, ignore_index, rows,
         HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY_GRAD=with_h,
         BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -8,6 +8,8 @@ and no reduction mixes rows. The backward is elementwise (no scatter, no atomics
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 CHUNK_ROWS = 16
@@ -49,7 +51,8 @@ def _rows(logits2d, targets, temps, ignore_index):
         tgt = _padded(targets, start, stop).to(torch.int64)
         ignored = tgt == ignore_index
         onehot = (cols[None, :] == tgt[:, None]) & ~ignored[:, None]
-        yield start, stop, logq, p, ent, onehot, ignored, t64
+        in_range = (tgt >= 0) & (tgt < V)
+        yield start, stop, logq, p, ent, onehot, ignored, in_range, t64
 
 
 class _SelectedLogpTorch(torch.autograd.Function):
@@ -58,9 +61,11 @@ class _SelectedLogpTorch(torch.autograd.Function):
         n = logits2d.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=logits2d.device)
         entropy = torch.empty(n, dtype=torch.float32, device=logits2d.device)
-        for start, stop, logq, _p, ent, onehot, ignored, _t in _rows(logits2d, targets, temps, ignore_index):
+        for start, stop, logq, _p, ent, onehot, ignored, in_range, _t in _rows(logits2d, targets, temps,
+                                                                                ignore_index):
             k = stop - start
             lp = torch.where(onehot, logq, torch.zeros_like(logq)).sum(-1)  # one term per row: exact
+            lp = torch.where(in_range, lp, torch.full_like(lp, float("nan")))  # the kernel's: never silent
             lp = torch.where(ignored, torch.zeros_like(lp), lp)
             logp[start:stop] = lp[:k].to(torch.float32)
             entropy[start:stop] = ent[:k].to(torch.float32)
@@ -74,7 +79,8 @@ class _SelectedLogpTorch(torch.autograd.Function):
         grad = torch.empty_like(logits2d)
         g_all = torch.zeros(logits2d.shape[0], device=logits2d.device) if grad_logp is None else grad_logp
         h_all = None if grad_entropy is None else grad_entropy
-        for start, stop, logq, p, ent, onehot, ignored, t64 in _rows(logits2d, targets, temps, ctx.ignore_index):
+        for start, stop, logq, p, ent, onehot, ignored, _ok, t64 in _rows(logits2d, targets, temps,
+                                                                           ctx.ignore_index):
             k = stop - start
             g = _padded(g_all, start, stop).to(torch.float64)[:, None]
             d = g * (onehot.to(torch.float64) - p)
@@ -89,9 +95,26 @@ class _SelectedLogpTorch(torch.autograd.Function):
 def selected_logp_torch(logits, target_ids, temperature, temperature_rows, ignore_index, with_entropy):
     """Same signature and outputs as the Triton path's (logp, entropy) over flat rows."""
     V = logits.shape[-1]
-    logits2d = logits.reshape(-1, V)
+    logits2d = logits.reshape(math.prod(logits.shape[:-1]), V)  # not -1: V may be 0 (no rows then)
     n = logits2d.shape[0]
     temps = temperature_rows if temperature_rows is not None else \
         torch.full((n,), float(temperature), dtype=torch.float32, device=logits.device)
     logp, entropy = _SelectedLogpTorch.apply(logits2d, target_ids.reshape(-1), temps, int(ignore_index))
     return logp, entropy if with_entropy else entropy[:0]
+
+
+def selected_logp_torch_indexed(logits, target_ids, row_indices, temperature, temperature_rows, ignore_index,
+                                with_entropy):
+    """selected_logp_torch on the rows row_indices of logits.reshape(-1, V) (at least one row).
+
+    A row number outside the rows (row_indices unvalidated) reads row 0 instead and gives NaN logp
+    and entropy, as the Triton kernel does: no index_select out of range (an error on the CPU, a
+    device assert on CUDA). Its gradient is zero, so it adds only +0.0 to row 0's gradient.
+    """
+    V = logits.shape[-1]
+    logits2d = logits.reshape(math.prod(logits.shape[:-1]), V)
+    ok = (row_indices >= 0) & (row_indices < logits2d.shape[0])
+    rows = logits2d.index_select(0, torch.where(ok, row_indices, torch.zeros_like(row_indices)))
+    logp, entropy = selected_logp_torch(rows, target_ids, temperature, temperature_rows, ignore_index, with_entropy)
+    nan = torch.full_like(logp, float("nan"))
+    return torch.where(ok, logp, nan), (torch.where(ok, entropy, nan) if with_entropy else entropy)

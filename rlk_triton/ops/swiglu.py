@@ -13,6 +13,8 @@ computed by the same instructions whatever the batch: batch-invariant by constru
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -137,11 +139,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
     Returns:
         y [..., I], contiguous, in the inputs' dtype. Differentiable w.r.t. gate and up; the gradients
-        come back as separate contiguous tensors in that dtype.
+        come back as separate contiguous tensors in that dtype. Empty shapes (no rows, or I = 0) give
+        empty outputs and gradients without a launch. Elementwise: a NaN / inf stays in its element.
     """
     _check(gate, up)
     I = gate.shape[-1]
-    g2d, u2d = gate.reshape(-1, I), up.reshape(-1, I)
+    N = math.prod(gate.shape[:-1])  # not reshape(-1, I): with I = 0 the -1 could be anything
+    g2d, u2d = gate.reshape(N, I), up.reshape(N, I)
     return swiglu_fwd(g2d, u2d).view(gate.shape)
 
 
