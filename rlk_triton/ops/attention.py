@@ -40,7 +40,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .matmul import mma, mma_new, operand_flags
+from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -65,13 +65,29 @@ def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _scores(q, k, qk_scale, IEEE: tl.constexpr):
+    """(q @ k^T) * qk_scale, fp32, the product rounded on its own: PTX mul.rn is never contracted into
+    the exp2's subtraction (an FMA would round once), so a block's scores are the same bits whether
+    attn_block_update masks them or not."""
+    qk = _qk(q, k, IEEE)
+    if INTERPRETED_DOT:  # NumPy: no contraction
+        return qk * qk_scale
+    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [qk, qk_scale], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def attn_block_update(q, k, v, m, l, acc, qk_scale, valid, DT: tl.constexpr, UPCAST: tl.constexpr,
-                      IEEE: tl.constexpr):
+                      IEEE: tl.constexpr, MASKED: tl.constexpr):
     """Fold one KV block into the per-row state (m, l, acc). m is in log2 units (scores times
-    scale * log2 e). `valid` [BM, BN] masks keys a row must not see (causal, beyond the sequence).
-    A block with no valid key for a row leaves that row's (m, l, acc) bitwise unchanged: the max is
-    unchanged, alpha = exp2(0) = 1, p = exp2(-inf) = 0 (and +0.0 products leave acc as is)."""
-    s = tl.where(valid, _qk(q, k, IEEE) * qk_scale, float("-inf"))
+    scale * log2 e). With MASKED, `valid` [BM, BN] masks keys a row must not see (causal, beyond the
+    sequence); without it every key of the block is visible to every row (`valid` unused), which is
+    the same arithmetic on the same bits minus the select. A block with no valid key for a row leaves
+    that row's (m, l, acc) bitwise unchanged: the max is unchanged, alpha = exp2(0) = 1,
+    p = exp2(-inf) = 0 (and +0.0 products leave acc as is)."""
+    s = _scores(q, k, qk_scale, IEEE)
+    if MASKED:
+        s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     # While a row has seen no valid key, shift by 0 instead of -inf: no -inf - -inf = NaN.
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -164,7 +180,19 @@ def _fwd_row_block(
     hi = tl.minimum(hi, kv_hi)
     k_head = k_ptr + hk * sk_h
     v_head = v_ptr + hk * sv_h
-    for n0 in range(kv_lo, hi, BLOCK_N):  # ascending KV blocks: the reduction order
+    # Ascending KV blocks (the reduction order), in two loops: the blocks every row of the tile sees
+    # whole, unmasked, then the rest (the causal diagonal, the sequence's end), masked.
+    whole = hi
+    if CAUSAL:
+        whole = tl.minimum(hi, mb * BLOCK_M + 1)  # keys up to the tile's first row
+    whole = kv_lo + tl.maximum(whole - kv_lo, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(kv_lo, whole, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_head, start + rn, rn < hi, sk_t, rd, UPCAST)
+        v = _load_rows(v_head, start + rn, rn < hi, sv_t, rd, UPCAST)
+        m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, None, v_ptr.dtype.element_ty,
+                                      UPCAST, IEEE, False)
+    for n0 in range(whole, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
         k = _load_rows(k_head, start + rn, col_ok, sk_t, rd, UPCAST)
@@ -173,7 +201,7 @@ def _fwd_row_block(
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, v_ptr.dtype.element_ty,
-                                      UPCAST, IEEE)
+                                      UPCAST, IEEE, True)
     if STATE_OUT:
         tl.store(m_st_ptr + h * s_st_h + tok, m, mask=row_ok)
         tl.store(l_st_ptr + h * s_st_h + tok, l, mask=row_ok)
@@ -236,18 +264,32 @@ def _decode_row_block(
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = tl.minimum(p0 + (tl.minimum((j + 1) * BLOCK_M, n_new * HEADS) - 1) // HEADS + 1, kv_len)
-    for n0 in range(0, hi, BLOCK_N):  # logical KV blocks from position 0, ascending
+    kc_head = kc_ptr + hk * skc_h
+    vc_head = vc_ptr + hk * svc_h
+    # Logical KV blocks from position 0, ascending, in two loops as in the forward: the blocks every
+    # row of the tile sees whole (up to the first row's position), unmasked, then the rest, masked.
+    whole = tl.minimum(hi, p0 + (j * BLOCK_M) // HEADS + 1)
+    whole = tl.maximum(whole, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(0, whole, BLOCK_N):
         page = tl.minimum(tl.maximum(tl.load(bt_ptr + b * sbt_b + n0 // page_size), 0), n_pages - 1).to(tl.int64)
         slot = n0 % page_size + tl.arange(0, BLOCK_N)  # page_size % BLOCK_N == 0: one page
+        ok = n0 + tl.arange(0, BLOCK_N) < hi
+        k = _load_rows(kc_head + page * skc_p, slot, ok, skc_s, rd, UPCAST)
+        v = _load_rows(vc_head + page * svc_p, slot, ok, svc_s, rd, UPCAST)
+        m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, None, vc_ptr.dtype.element_ty,
+                                      UPCAST, IEEE, False)
+    for n0 in range(whole, hi, BLOCK_N):
+        page = tl.minimum(tl.maximum(tl.load(bt_ptr + b * sbt_b + n0 // page_size), 0), n_pages - 1).to(tl.int64)
+        slot = n0 % page_size + tl.arange(0, BLOCK_N)
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
-        k = _load_rows(kc_ptr + page * skc_p + hk * skc_h, slot, col_ok, skc_s, rd, UPCAST)
-        v = _load_rows(vc_ptr + page * svc_p + hk * svc_h, slot, col_ok, svc_s, rd, UPCAST)
+        k = _load_rows(kc_head + page * skc_p, slot, col_ok, skc_s, rd, UPCAST)
+        v = _load_rows(vc_head + page * svc_p, slot, col_ok, svc_s, rd, UPCAST)
         # The training forward's mask for these rows: keys past a row's position are invisible. Blocks
         # past a row's own bound (another row of the tile reaches further) leave its state unchanged.
         valid = col_ok[None, :] & (rn[None, :] <= pos[:, None])
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, vc_ptr.dtype.element_ty,
-                                      UPCAST, IEEE)
+                                      UPCAST, IEEE, True)
     out, lse = attn_finalize(m, l, acc)
     tl.store(out_ptr + tok.to(tl.int64)[:, None] * so_t + h[:, None] * so_h + rd[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -403,9 +445,10 @@ def _cfg(kernel, q):
 
 
 def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None, state_in=None,
-                   state_out=False):
+                   state_out=False, cfg=None):
     """(out, lse[, (m, l, acc)]). kv_range = (lo, hi): only keys at positions [lo, hi) of each
-    sequence (lo a multiple of block_n); state_in continues from a previous range's state."""
+    sequence (lo a multiple of block_n); state_in continues from a previous range's state. cfg: a
+    config other than the locked one (the GPU gate and sweeps; the bits are the class's claim)."""
     N, Hq, D = q.shape
     Hkv = k.shape[1]
     S = cu_seqlens.numel() - 1
@@ -424,7 +467,7 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
         acc_st = q
     if N == 0 or S == 0:
         return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
-    cfg = _cfg("attention_fwd", q)
+    cfg = cfg or _cfg("attention_fwd", q)
     lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
     upcast, ieee = operand_flags(q.dtype)
     grid = (max(1, triton.cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
