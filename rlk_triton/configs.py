@@ -51,6 +51,10 @@ class MatmulConfig:
     # attention_decode: q heads per program, a divisor of the GQA group; 0 = the whole group (the kv
     # head's K / V read once for all of its q heads). Which rows share a tile, never a row's math.
     q_heads: int = 0
+    # attention_decode: read the next KV block's page id one block ahead, so that the K / V loads do
+    # not wait on it and pipeline (prefill chunks: 1.15x faster on the H200); decode steps, bound by
+    # the cache read, are faster without. Which address is read when, never a row's math.
+    page_ahead: bool = False
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -267,7 +271,8 @@ def _matmul_rows():
         for bucket in ("d<=128", "d256"):  # both head layouts, so CPU tests cover both
             for pairs in PAIR_BUCKET_NAMES:
                 t[("attention_decode", "interpreter", dt, f"{bucket},{pairs}")] = MatmulConfig(
-                    16, 16, 0, 1, 4, 1, q_heads=1 if pairs.startswith("pairs<=64") else 0)
+                    16, 16, 0, 1, 4, 1, q_heads=1 if pairs.startswith("pairs<=64") else 0,
+                    page_ahead=pairs.endswith("q>64"))
     return t
 
 
@@ -292,15 +297,19 @@ def _decode_row(arch, dt, d_bucket, bucket, fwd):
     """attention_decode's config: block_n is the forward's (the reduction order). On 2-byte dtypes at
     d <= 128: decode steps (<= 64 query rows per pair) run 64-row tiles of (token, q head) rows with
     the whole GQA group per program (K / V read once), 4 warps, 5 stages: a paged read of the cache.
-    Prefill chunks (> 64 query rows per pair) run 128-row tiles, 4 warps, 4 stages. H200 sweeps, every
-    candidate bit-equal to the training forward (docs/reports/h200-decode-sweep2-2026-12-04.json):
-    5 stages took 64 x 4096 cached (16 q / 8 kv heads) from 0.82x to 0.97x SDPA and 256 x 1024 from
-    0.80x to 0.91x; 128-row tiles ran a 32768-token chunk at 0.90x the training forward (64-row: 0.89x,
-    the forward's own 128-row, 8-warp tile: 0.86x). d256 / fp32 keep the forward's tiles (untuned),
-    also with the whole group per program."""
+    Prefill chunks (> 64 query rows per pair) run the forward's 128-row, 8-warp, 3-stage tiles with
+    the page ids read one block ahead. H200 sweeps, every candidate bit-equal to the training forward
+    (docs/reports/h200-decode-sweep2-2026-12-04.json, h200-paging-2026-12-04.json): 5 stages took
+    64 x 4096 cached (16 q / 8 kv heads) from 0.82x to 0.97x SDPA and 256 x 1024 from 0.80x to 0.91x;
+    page ids read ahead took a 32768-token chunk from 0.76x to 0.87x the training forward (without
+    it the K / V loads waited on the page id and never overlapped the math; decode steps got slower
+    with it: 0.255 -> 0.304 ms at 64 x 4096). d256 / fp32 keep the forward's tiles (untuned), also
+    with the whole group per program."""
     pairs, q = bucket.split(",")
     if dt != "float32" and d_bucket == "d<=128":
-        return MatmulConfig(64, fwd[1], 0, 1, 4, 5) if q == "q<=64" else MatmulConfig(128, fwd[1], 0, 1, 4, 4)
+        if q == "q<=64":
+            return MatmulConfig(64, fwd[1], 0, 1, 4, 5)
+        return MatmulConfig(128, fwd[1], 0, 1, 8, 3, page_ahead=True)
     return MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], fwd[3])
 
 

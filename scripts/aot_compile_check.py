@@ -196,7 +196,7 @@ def attention_cases():
                       bt_ptr=_t(2, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D, skc_h=D,
                       svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
                       page_size=256, qk_scale=0.1, n_q=N, n_pages=64, max_pages=32, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
-                      BLOCK_M=d.block_m, BLOCK_N=d.block_n), d.num_warps, d.num_stages))
+                      BLOCK_M=d.block_m, BLOCK_N=d.block_n, PAGE_AHEAD=d.page_ahead), d.num_warps, d.num_stages))
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
                sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
                UPCAST=False, IEEE=False)
@@ -258,7 +258,7 @@ def class_cases():
                             bt_ptr=_t(64, 32, dtype=i32), sq_t=Hq * D, sq_h=D, skc_p=256 * Hkv * D, skc_s=Hkv * D,
                             skc_h=D, svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N,
                             sbt_b=32, page_size=256, qk_scale=0.1, n_q=1024, n_pages=64, max_pages=32, GROUP=group, HEADS=at.decode_heads(cfg, group),
-                            HEAD_DIM=D, UPCAST=False, IEEE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                            HEAD_DIM=D, UPCAST=False, IEEE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PAGE_AHEAD=cfg.page_ahead)
                 out.append((cls, name, at._decode_kernel, args, cfg.num_warps, cfg.num_stages))
     return out
 

@@ -131,9 +131,9 @@ def paged_cache(k, v, B, L, page):
     return kc, vc, bt
 
 
-SWEEP_DEC = [configs.MatmulConfig(64, 64, 0, 1, 4, s) for s in (1, 2, 3, 4, 5)] + \
-    [configs.MatmulConfig(128, 64, 0, 1, w, s) for w in (4, 8) for s in (2, 3)]
-SWEEP_PREFILL = [configs.MatmulConfig(m, 64, 0, 1, w, s) for m, w in ((64, 4), (128, 8), (128, 4)) for s in (2, 3, 4)]
+SWEEP_DEC = [configs.MatmulConfig(64, 64, 0, 1, w, s) for w, s in ((4, 3), (4, 4), (4, 5), (8, 4))]
+SWEEP_PREFILL = [configs.MatmulConfig(m, 64, 0, 1, w, s, q_heads=qh) for qh in (0, 1)
+                 for m, w, s in ((128, 8, 2), (128, 8, 3), (128, 8, 4), (128, 4, 4))]
 
 
 def decode_rows(report, gbps, sweep):

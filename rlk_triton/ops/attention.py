@@ -216,12 +216,32 @@ def _fwd_row_block(
 # ---- paged decode / chunked prefill ----
 
 @triton.jit
+def _page(bt_row, n0, page_size, n_pages, max_pages):
+    """The cache page holding logical position n0 (block table entry clamped to the row, page id to
+    the cache)."""
+    e = tl.minimum(n0 // page_size, max_pages - 1)
+    return tl.minimum(tl.maximum(tl.load(bt_row + e), 0), n_pages - 1).to(tl.int64)
+
+
+@triton.jit
+def _kv_block(kc_head, vc_head, page, n0, ok, page_size, skc_p, skc_s, svc_p, svc_s, rd, UPCAST: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """K and V of the logical block at n0, on `page` (page_size % BLOCK_N == 0: a block never
+    straddles two pages)."""
+    slot = n0 % page_size + tl.arange(0, BLOCK_N)
+    k = _load_rows(kc_head + page * skc_p, slot, ok, skc_s, rd, UPCAST)
+    v = _load_rows(vc_head + page * svc_p, slot, ok, svc_s, rd, UPCAST)
+    return k, v
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cuq_ptr, kvlen_ptr, bt_ptr,
     sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
     page_size, qk_scale, n_q, n_pages, max_pages,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_AHEAD: tl.constexpr,
 ):
     # One program per (row block, sequence, head set): a head set is HEADS consecutive q heads of one
     # kv head's group (HEADS = GROUP: the kv head's K / V are read once for all of its q heads).
@@ -235,17 +255,19 @@ def _decode_kernel(
     kv_len = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b), 0), max_pages * page_size)
     for j in range(tl.program_id(0), tl.cdiv(n_new * HEADS, BLOCK_M), tl.num_programs(0)):
         _decode_row_block(q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, sq_t, sq_h, skc_p, skc_s, skc_h,
-                          svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b, page_size, qk_scale, n_pages,
-                          j, b, h0, q_start, n_new, kv_len, GROUP, HEADS, HEAD_DIM, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                          svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b, page_size, qk_scale, n_pages, max_pages,
+                          j, b, h0, q_start, n_new, kv_len, GROUP, HEADS, HEAD_DIM, UPCAST, IEEE, BLOCK_M, BLOCK_N,
+                          PAGE_AHEAD)
 
 
 @triton.jit
 def _decode_row_block(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr,
     sq_t, sq_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h, so_t, so_h, slse_h, sbt_b,
-    page_size, qk_scale, n_pages, j, b, h0, q_start, n_new, kv_len,
+    page_size, qk_scale, n_pages, max_pages, j, b, h0, q_start, n_new, kv_len,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_AHEAD: tl.constexpr,
 ):
     hk = h0 // GROUP
     p0 = kv_len - n_new  # position of the first new token
@@ -270,21 +292,24 @@ def _decode_row_block(
     # row of the tile sees whole (up to the first row's position), unmasked, then the rest, masked.
     whole = tl.minimum(hi, p0 + (j * BLOCK_M) // HEADS + 1)
     whole = tl.maximum(whole, 0) // BLOCK_N * BLOCK_N
+    bt_row = bt_ptr + b * sbt_b
+    nxt = _page(bt_row, 0, page_size, n_pages, max_pages)
     for n0 in range(0, whole, BLOCK_N):
-        page = tl.minimum(tl.maximum(tl.load(bt_ptr + b * sbt_b + n0 // page_size), 0), n_pages - 1).to(tl.int64)
-        slot = n0 % page_size + tl.arange(0, BLOCK_N)  # page_size % BLOCK_N == 0: one page
+        if PAGE_AHEAD:  # the K / V addresses come from the previous iteration: the loads pipeline
+            page = nxt
+            nxt = _page(bt_row, n0 + BLOCK_N, page_size, n_pages, max_pages)
+        else:
+            page = _page(bt_row, n0, page_size, n_pages, max_pages)
         ok = n0 + tl.arange(0, BLOCK_N) < hi
-        k = _load_rows(kc_head + page * skc_p, slot, ok, skc_s, rd, UPCAST)
-        v = _load_rows(vc_head + page * svc_p, slot, ok, svc_s, rd, UPCAST)
+        k, v = _kv_block(kc_head, vc_head, page, n0, ok, page_size, skc_p, skc_s, svc_p, svc_s, rd, UPCAST, BLOCK_N)
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, None, vc_ptr.dtype.element_ty,
                                       UPCAST, IEEE, False)
-    for n0 in range(whole, hi, BLOCK_N):
-        page = tl.minimum(tl.maximum(tl.load(bt_ptr + b * sbt_b + n0 // page_size), 0), n_pages - 1).to(tl.int64)
-        slot = n0 % page_size + tl.arange(0, BLOCK_N)
+    for n0 in range(whole, hi, BLOCK_N):  # a block or two: the page id read in place
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
-        k = _load_rows(kc_head + page * skc_p, slot, col_ok, skc_s, rd, UPCAST)
-        v = _load_rows(vc_head + page * svc_p, slot, col_ok, svc_s, rd, UPCAST)
+        page = _page(bt_row, n0, page_size, n_pages, max_pages)
+        k, v = _kv_block(kc_head, vc_head, page, n0, col_ok, page_size, skc_p, skc_s, svc_p, svc_s, rd, UPCAST,
+                         BLOCK_N)
         # The training forward's mask for these rows: keys past a row's position are invisible. Blocks
         # past a row's own bound (another row of the tile reaches further) leave its state unchanged.
         valid = col_ok[None, :] & (rn[None, :] <= pos[:, None])
@@ -509,7 +534,7 @@ def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), lse.stride(0),
         block_table.stride(0), k_cache.shape[1], scale * LOG2E, N, n_pages, max_pages,
         GROUP=group, HEADS=heads, HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PAGE_AHEAD=cfg.page_ahead, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
