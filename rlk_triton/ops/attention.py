@@ -8,7 +8,9 @@ Arithmetic (docs/attention.md, rlk_triton/ops/reduction.py "Attention"):
     sequence's start, so packing never changes which rows share a tile or which keys a tile sees;
   * KV blocks of BLOCK_N keys are folded in ascending order by attn_block_update (the one per-block
     online-softmax update, shared by the training forward and the decode kernel), in log2 units:
-    s2 = (q @ k^T) * (scale * log2 e), p = exp2(s2 - m_new);
+    s2 = (q @ k^T) * (scale * log2 e), p = exp2(s2 - m_new); the blocks every row of a tile sees
+    whole are folded without the mask in a first loop, the rest masked in a second (same order, same
+    bits: the scores' product is rounded on its own, see _scores);
   * out = acc / l in fp32, rounded once to the inputs' dtype at the store; lse = (m + log2 l) * ln 2.
 Backward: delta = rowsum(dO * O) - dLSE (fp32), then one program per (sequence, KV block, kv head)
 for dk / dv (q heads of the group, then query blocks, in ascending order) and one per (sequence,
@@ -19,7 +21,8 @@ Decode: one program per (query row block, sequence, kv head) by default: its row
 q head) pairs of the kv head's GQA group, so K / V are read once for all of the group's q heads. KV
 blocks of BLOCK_N keys (locked equal to the forward's) are read through the block table by LOGICAL
 block from position 0; page_size must be a multiple of BLOCK_N so that a KV block never straddles two
-pages. Each row folds the same KV blocks with the same masked scores as in the training forward; the
+pages (prefill chunks read the next block's page id one block ahead: configs page_ahead). Each row
+folds the same KV blocks with the same masked scores as in the training forward; the
 blocks past its own position (another row of the tile reaches further) leave its state unchanged. Which
 rows share a tile, block_m and num_warps are free only as far as the GPU gate proves: the configs of
 the decode kernel form a bit class with the forward's (configs.BIT_CLASSES, tests/test_config_classes.py).

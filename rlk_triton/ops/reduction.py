@@ -156,7 +156,9 @@ def fold_products(acc, a, b):
 #   1. Start from m = -inf, l = 0, acc = 0. KV blocks of BLOCK_N keys (configs "attention_fwd"; the
 #      decode kernel's block_n is locked equal) are measured from the sequence's position 0 and folded
 #      strictly in ascending order by attn_block_update, the one helper both kernels call:
-#        s = where(visible, (q @ k^T) * (scale * log2 e), -inf)       (fp32 tl.dot)
+#        s = where(visible, (q @ k^T) * (scale * log2 e), -inf)       (fp32 tl.dot; the product
+#            rounded alone, PTX mul.rn, so a block every row sees whole, folded without the where,
+#            gives the same bits: each kernel runs those blocks in an unmasked loop, then the rest)
 #        m_new = max(m, rowmax(s)); shift = m_new, or 0 while m_new = -inf (no -inf - -inf)
 #        p = exp2(s - shift); alpha = exp2(m - shift)
 #        l = l * alpha + rowsum(p);  acc = acc * alpha + p_lowp @ v  (p rounded to v's dtype)
