@@ -344,27 +344,13 @@ def _bwd_preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, N, so_t, so_h, sd
 
 
 @triton.jit
-def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr, MASKED: tl.constexpr):
-    """Probabilities p [BM, BN] (recomputed from the LSE) and ds = p * (dO v^T - delta). Without
-    MASKED every key is visible to every row (`valid` unused)."""
+def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr):
+    """Probabilities p [BM, BN] (recomputed from the LSE) and ds = p * (dO v^T - delta)."""
     s = _qk(q, k, IEEE) * qk_scale
-    p = tl.exp2(s - lse2[:, None])
-    if MASKED:
-        p = tl.where(valid, p, 0.0)
+    p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
     dp = _qk(do, v, IEEE)
     ds = p * (dp - delta[:, None])
     return p, ds
-
-
-@triton.jit
-def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
-              UPCAST: tl.constexpr):
-    """q, dO, lse (log2 units) and delta of rows tok of head h; rows not ok read 0."""
-    q = _load_rows(q_ptr + h * sq_h, tok, ok, sq_t, rd, UPCAST)
-    do = _load_rows(do_ptr + h * sdo_h, tok, ok, sdo_t, rd, UPCAST)
-    lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(delta_ptr + h * slse_h + tok, mask=ok, other=0.0)
-    return q, do, lse2, delta
 
 
 @triton.jit
@@ -404,28 +390,20 @@ def _bwd_dkdv_block(
     lo = 0
     if CAUSAL:  # the first query block that can see this KV block
         lo = (nb * BLOCK_N // BLOCK_M) * BLOCK_M
-    # Query blocks ascending, in two loops: those the causal diagonal crosses, masked, then those that
-    # see the whole KV block, unmasked. Rows past the sequence load q = dO = 0 and add exact zeros to
-    # dk / dv; keys past it only reach their own dk / dv rows, never stored.
-    whole = lo
-    if CAUSAL:
-        whole = tl.maximum(lo, tl.cdiv((nb + 1) * BLOCK_N - 1, BLOCK_M) * BLOCK_M)
     for g in range(GROUP):  # the group's q heads in ascending order: GQA without atomics
         h = hk * GROUP + g
-        for m0 in range(lo, tl.minimum(whole, seq_len), BLOCK_M):
+        for m0 in range(lo, seq_len, BLOCK_M):  # query blocks ascending
             rm = m0 + tl.arange(0, BLOCK_M)
             row_ok = rm < seq_len
-            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, row_ok,
-                                           sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
-            valid = row_ok[:, None] & col_ok[None, :] & (rn[None, :] <= rm[:, None])
-            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE, True)
-            dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
-            dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
-        for m0 in range(whole, seq_len, BLOCK_M):
-            rm = m0 + tl.arange(0, BLOCK_M)
-            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, rm < seq_len,
-                                           sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
-            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
+            tok = start + rm
+            q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+            do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
+            lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
+            delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
+            valid = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:
+                valid = valid & (rn[None, :] <= rm[:, None])
+            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
             dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
             dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
     tok_n = (start + rn).to(tl.int64)[:, None]
@@ -466,25 +444,15 @@ def _bwd_dq_block(
     rd = tl.arange(0, HEAD_DIM)
     row_ok = rm < seq_len
     tok = start + rm
-    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, row_ok, sq_t, sq_h, sdo_t, sdo_h,
-                                   slse_h, rd, UPCAST)
+    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
+    do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
+    lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = seq_len
     if CAUSAL:
         hi = tl.minimum((mb + 1) * BLOCK_M, seq_len)
-    # KV blocks ascending, as the forward: those every row sees whole, unmasked (rows past the
-    # sequence, never stored, load q = dO = 0), then the rest masked.
-    whole = hi
-    if CAUSAL:
-        whole = tl.minimum(hi, mb * BLOCK_M + 1)
-    whole = whole // BLOCK_N * BLOCK_N
-    for n0 in range(0, whole, BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_ptr + hk * sk_h, start + rn, rn < hi, sk_t, rd, UPCAST)
-        v = _load_rows(v_ptr + hk * sv_h, start + rn, rn < hi, sv_t, rd, UPCAST)
-        p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
-        dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
-    for n0 in range(whole, hi, BLOCK_N):
+    for n0 in range(0, hi, BLOCK_N):  # KV blocks ascending
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
         k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
@@ -492,7 +460,7 @@ def _bwd_dq_block(
         valid = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
-        p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE, True)
+        p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
         dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
     tl.store(dq_ptr + tok.to(tl.int64)[:, None] * sdq_t + h * sdq_h + rd[None, :],
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
