@@ -86,18 +86,27 @@ def _row_backend_id(op, row_op) -> str:
 def _plan(device: str, on_gpu: bool) -> list:
     """Every check to run, so the total is known up front: (kind, op, backend, payload)."""
     from . import registry
+    from .testing.harness import harness
 
     plan = []
     for op in registry.operators():
+        h = harness(op.name)
         for backend in op.backends:
             available, why = registry.measure_availability(op.name, backend.name, device)
             if not available:
                 plan.append(("available", op, backend, why))
                 continue
-            plan += [("parity", op, backend, case) for case in op.parity_cases(on_gpu)]
+            plan += [("parity", op, backend, case) for case in h.parity_cases(on_gpu)]
         by_id = {b.backend_id: b for b in op.backends}
-        plan += [("invariance", op, by_id[_row_backend_id(op, r)], r) for r in op.row_ops(device, on_gpu)]
+        plan += [("invariance", op, by_id[_row_backend_id(op, r)], r) for r in h.row_ops(device, on_gpu)]
     return plan
+
+
+def _judge(op):
+    """The judge of op's parity cases (the harness's)."""
+    from .testing.harness import harness
+
+    return harness(op.name).judge
 
 
 def _run_one(kind, op, backend, payload, device, on_gpu, arch) -> dict:
@@ -110,7 +119,7 @@ def _run_one(kind, op, backend, payload, device, on_gpu, arch) -> dict:
         row.update(case=payload, passed=backend.backend_class != "production" or not on_gpu,
                    look_at=f"the probe: {payload}")
     elif kind == "parity":
-        ratios = op.judge(payload, device, backend=backend.name)
+        ratios = _judge(op)(payload, device, backend=backend.name)
         worst_name = max(ratios, key=ratios.get)
         dtype = payload.dtype
         row.update(case=payload.label(), contract_id=contracts.contract_id(op.contract, dtype, arch),

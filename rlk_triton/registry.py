@@ -1,111 +1,38 @@
 """Operators, their backends, and measured capabilities.
 
-Every operator has stable backend ids "<op>.<backend>" (for selected_logp: "selected_logp.triton",
-"selected_logp.torch_reference"; native ones later). A backend's descriptor states what it claims
-(dtypes, devices, autograd, invariance, determinism), the contract that judges it (contract ids per
-dtype), the build it belongs to (fingerprint), and whether it is available HERE: availability is
-measured by running the backend on a small probe and judging the result against its contract, never
-guessed from imports.
+The descriptors (what each operator and backend claims) are rlk_triton/operators.py's; the registry
+adds what it measures HERE: whether a backend is available (by running it on a small probe and
+judging the result against its contract, never guessed from imports), the build fingerprint, the
+contract ids per dtype, and what `rlk-triton check` found false in this process.
 
-`rlk-triton check` also reads this module: each operator names its parity cases, judge and row ops.
+The probes are the test harness's (rlk_triton/testing/harness.py): it registers them by operator
+name (register_probe). The registry never imports the harness; where no probe has been registered
+it loads the one module named by HARNESS_MODULE, by name, once.
 """
 from __future__ import annotations
 
 import functools
-import warnings
-from dataclasses import asdict, dataclass, field
+import importlib
+from dataclasses import asdict
 from typing import Callable, Optional
 
 import torch
 
-BACKEND_CLASSES = ("production", "reference", "deterministic")
+from .operators import BACKEND_CLASSES, Backend, Operator, operators  # noqa: F401 - the registry's own table
+
+HARNESS_MODULE = "rlk_triton.testing.harness"  # registers every probe (register_probes) when loaded
+_PROBES: dict[str, Callable[[str, str], None]] = {}
 
 
-@dataclass(frozen=True)
-class Backend:
-    op: str
-    name: str  # the backend's id inside its op; the stable id is f"{op}.{name}"
-    implementation: str
-    backend_class: str  # production | reference | deterministic
-    strict_eligible: bool  # meets every judgment of its contract, invariance included
-    optimized: bool  # counts as an optimized backend for fast=auto/strict
-    speed_rank: int  # lower is faster (from docs/reports); orders candidates
-    dtypes: tuple
-    devices: str
-    autograd: bool
-    parallel_modes: tuple
-    shape_ranges: dict
-    batch_invariant: bool
-    bitwise_deterministic: bool
-    notes: str = ""
-
-    @property
-    def backend_id(self) -> str:
-        return f"{self.op}.{self.name}"
+def register_probe(op: str, probe: Callable[[str, str], None]) -> None:
+    """Register op's availability probe: (backend name, device) -> None, raising if unusable."""
+    _PROBES[op] = probe
 
 
-@dataclass(frozen=True)
-class Operator:
-    name: str
-    contract: str
-    backends: tuple
-    parity_cases: Callable[[bool], list]  # (on_gpu) -> cases
-    judge: Callable  # (case, device, backend=...) -> {name: error / bound}
-    row_ops: Callable[[str, bool], list]  # (device, on_gpu) -> [RowOp]
-    probe: Callable[[str, str], None] = field(default=None)  # (backend name, device): raises if unusable
-
-
-def _selected_logp() -> Operator:
-    from .testing import parity
-
-    def cases(on_gpu):
-        # the float64 reference on the host dominates the time: few rows even on a GPU
-        rows, big = (32, (1, 3, 1000, 32000, 50257, 151936, 262144)) if on_gpu else (4, (1, 3, 1000, 50257))
-        out = []
-        for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
-            for V in big:
-                for T, layout in (("rows", "contiguous"), (0.7, "slice3d")):
-                    out.append(parity.LogpCase(rows, V, dtype, T, 3.0, layout, seed=i * 1000 + V))
-        return out
-
-    def row_ops(device, on_gpu):
-        Vs = (1000, 151936) if on_gpu else (1000,)
-        return [parity.selected_logp_row_op(V, dt, device, backend=b) for b in ("triton", "torch_reference")
-                for V in Vs for dt in (torch.bfloat16, torch.float16, torch.float32)]
-
-    def probe(backend, device):
-        for dt in (torch.bfloat16, torch.float32):
-            ratios = parity.judge_selected_logp(parity.LogpCase(4, 257, dt, "rows", 3.0, "contiguous", seed=1),
-                                                device, backend=backend)
-            if max(ratios.values()) > 1.0:
-                raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
-
-    dtypes = ("bfloat16", "float16", "float32")
-    shapes = {"V": [1, 262144], "leading_dims": "any (up to two without a copy)", "rows": "any"}
-    backends = (
-        Backend("selected_logp", "triton", "Triton kernels, rlk_triton/ops/selected_logp.py", "production",
-                strict_eligible=True, optimized=True, speed_rank=0, dtypes=dtypes,
-                devices="cuda (tuned for sm90); cpu only under the Triton interpreter", autograd=True,
-                parallel_modes=("data",), shape_ranges=shapes, batch_invariant=True, bitwise_deterministic=True),
-        Backend("selected_logp", "torch_reference", "float64 torch, rlk_triton/ops/selected_logp_torch.py",
-                "reference", strict_eligible=True, optimized=False, speed_rank=100, dtypes=dtypes,
-                devices="any torch device", autograd=True, parallel_modes=("data",), shape_ranges=shapes,
-                batch_invariant=True, bitwise_deterministic=True,
-                notes="slow; fixed 16-row chunks make every row's reductions one shape"),
-    )
-    return Operator("selected_logp", "selected_logp", backends, cases, parity.judge_selected_logp, row_ops, probe)
-
-
-def operators() -> list[Operator]:
-    from .testing.attention_parity import attention_operator
-    from .testing.linear_parity import linear_logp_operator
-    from .testing.matmul_parity import matmul_operator
-    from .testing.positional import embedding_operator, rope_operator
-    from .testing.rl_ops import rl_operators as _rl_operators
-    from .testing.rowwise import rmsnorm_operator, swiglu_operator
-
-    return [_selected_logp(), linear_logp_operator(), matmul_operator(), rmsnorm_operator(), swiglu_operator(),
-            rope_operator(), embedding_operator(), attention_operator(), *_rl_operators()]
+def probe_of(op: str) -> Callable[[str, str], None]:
+    if op not in _PROBES:
+        importlib.import_module(HARNESS_MODULE).register_probes()
+    return _PROBES[op]
 
 
 def operator(name: str) -> Operator:
@@ -154,7 +81,7 @@ def measure_availability(op_name: str, backend: str, device) -> tuple[bool, Opti
         return False, why
     quiet_interpreter_noise()  # the probe may be the first kernel launch of the process
     try:
-        op.probe(backend, device)
+        probe_of(op.name)(backend, device)
     except Exception as ex:  # noqa: BLE001 - the reason is the measurement
         return False, f"probe failed on {device}: {type(ex).__name__}: {ex}"
     return True, None

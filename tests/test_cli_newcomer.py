@@ -1,6 +1,5 @@
 """What a newcomer meets on a CPU-only machine: one line per usage error (exit 2), never a traceback;
 dtype aliases; device handling at the root (_runtime / policy / registry); the check report."""
-import dataclasses
 import io
 import json
 import os
@@ -15,6 +14,7 @@ import rlk_triton
 from rlk_triton import cli, policy, registry
 from rlk_triton._runtime import as_device, as_dtype
 from rlk_triton.errors import DeviceError, DTypeError, PolicyError
+from rlk_triton.testing.harness import harness
 from rlk_triton.testing.invariance import RowOp
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only behaviour")
@@ -240,7 +240,7 @@ def test_interpreter_warnings_are_filtered_for_that_module_only():
 def test_invariance_rows_use_the_registry_backend_ids():
     for op in registry.operators():
         ids = {b.backend_id for b in op.backends}
-        for row_op in op.row_ops("cpu", False):
+        for row_op in harness(op.name).row_ops("cpu", False):
             assert cli._row_backend_id(op, row_op) in ids, row_op.name
 
 
@@ -248,9 +248,8 @@ def _small_plan():
     """One failing parity case (a judge reporting twice the bound), one non-invariant row op (it
     subtracts the batch mean), one invariant one."""
     op = registry.operator("selected_logp")
-    op = dataclasses.replace(op, judge=lambda case, device, backend: {"logp": 0.5, "grad": 2.0})
     triton = [b for b in op.backends if b.name == "triton"][0]
-    case = op.parity_cases(False)[0]
+    case = harness("selected_logp").parity_cases(False)[0]
 
     def rows(n, gen):
         return (torch.randn(n, 8, generator=gen),)
@@ -263,6 +262,7 @@ def _small_plan():
 @pytest.fixture
 def small_check(monkeypatch):
     monkeypatch.setattr(cli, "_plan", lambda device, on_gpu: _small_plan())
+    monkeypatch.setattr(cli, "_judge", lambda op: lambda case, device, backend: {"logp": 0.5, "grad": 2.0})
     registry.clear_check_failures()
     yield
     registry.clear_check_failures()

@@ -13,6 +13,7 @@ from rlk_triton.errors import PolicyError, RlkFallbackWarning
 from rlk_triton.ops import rl_torch
 from rlk_triton.testing import RowOp, check_batch_invariance
 from rlk_triton.testing import parity  # noqa: F401 - imported before the fixture patches _runtime.arch_of
+from rlk_triton.testing.harness import harness
 from rlk_triton.testing.rl_ops import group_inputs
 
 RL_OPS = {"ratio_kl": "rl_losses", "policy_loss": "rl_losses", "gspo_loss": "rl_losses", "gae": "advantages",
@@ -35,17 +36,17 @@ def test_the_rl_operators_are_registered():
 @pytest.mark.parametrize("name", sorted(RL_OPS))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_parity_cases_pass_their_judge(name, backend, device):
-    op = registry.operator(name)
-    cases = op.parity_cases(device == "cuda")
+    h = harness(name)
+    cases = h.parity_cases(device == "cuda")
     assert cases and all(c.dtype == torch.float32 and c.label() for c in cases)
     for case in cases:
-        ratios = op.judge(case, device, backend=backend)
+        ratios = h.judge(case, device, backend=backend)
         assert ratios and max(ratios.values()) <= 1.0, (case.label(), ratios)
 
 
 @pytest.mark.parametrize("name", sorted(RL_OPS))
 def test_row_ops_are_bitwise_batch_invariant(name, device):
-    ops = registry.operator(name).row_ops(device, device == "cuda")
+    ops = harness(name).row_ops(device, device == "cuda")
     assert {o.name.split("[")[0] for o in ops} == {f"{name}.{b}" for b in BACKENDS}
     for row_op in ops:
         if device == "cpu" and row_op.name.startswith("gae.triton"):

@@ -187,9 +187,9 @@ def attention_row_op(L, Hq, Hkv, D, dtype, device, causal=True) -> RowOp:
                  grad_inputs=(0, 1, 2))
 
 
-def attention_operator():
-    """The registry.Operator entry of attention (one backend: the Triton kernels)."""
-    from ..registry import Backend, Operator
+def attention_harness():
+    """How `rlk-triton check` checks attention's claims (rlk_triton/operators.py)."""
+    from .harness import Harness
 
     def cases(on_gpu):
         shapes = [((1000, 37, 2048), 32, 8, 128), ((513, 64), 16, 16, 64)] if on_gpu else \
@@ -213,14 +213,4 @@ def attention_operator():
         if max(ratios.values()) > 1.0:
             raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
 
-    shapes = {"head_dim": "power of two in [16, 256] (GPU tuned: 64, 128)", "tokens": "any",
-              "heads": "Hkv divides Hq"}
-    backend = Backend(
-        "attention", "triton", "Triton kernels, rlk_triton/ops/attention.py", "production",
-        strict_eligible=True, optimized=True, speed_rank=0, dtypes=("bfloat16", "float16", "float32"),
-        devices="cuda (untuned); cpu only under the Triton interpreter", autograd=True,
-        parallel_modes=("data", "context_chained"), shape_ranges=shapes, batch_invariant=True,
-        bitwise_deterministic=True,
-        notes="varlen causal / full; out, LSE and dq / dk / dv pack-invariant; paged decode bitwise equal to "
-              "training; CP bitwise by chaining attention_partial states (docs/attention.md)")
-    return Operator("attention", "attention", (backend,), cases, judge, row_ops, probe)
+    return Harness("attention", cases, judge, row_ops, probe)

@@ -172,9 +172,9 @@ def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.
                  grad_inputs=(0,), make_padding=padding)
 
 
-def linear_logp_operator():
-    """The registry.Operator entry of linear_logp (one backend: the Triton kernels)."""
-    from ..registry import Backend, Operator
+def linear_logp_harness():
+    """How `rlk-triton check` checks linear_logp's claims (rlk_triton/operators.py)."""
+    from .harness import Harness
 
     def cases(on_gpu):
         if on_gpu:
@@ -200,13 +200,4 @@ def linear_logp_operator():
         if max(ratios.values()) > 1.0:
             raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
 
-    shapes = {"H": "any", "V_local": "any >= 1", "tokens": "any"}
-    backend = Backend(
-        "linear_logp", "triton", "Triton kernels, rlk_triton/ops/linear_logp.py", "production",
-        strict_eligible=True, optimized=True, speed_rank=0, dtypes=("bfloat16", "float16", "float32"),
-        devices="cuda (tuned for sm90); cpu only under the Triton interpreter", autograd=True,
-        parallel_modes=("data", "tensor_vocab"), shape_ranges=shapes, batch_invariant=True,
-        bitwise_deterministic=True,
-        notes="logp, entropy, d hidden batch-invariant; d weight / d bias deterministic; TP bitwise when "
-              "shards start at multiples of chunk_v (docs/linear_logp.md)")
-    return Operator("linear_logp", "linear_logp", (backend,), cases, judge, row_ops, probe)
+    return Harness("linear_logp", cases, judge, row_ops, probe)

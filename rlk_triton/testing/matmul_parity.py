@@ -91,9 +91,9 @@ def matmul_row_op(N, K, dtype, device, bias=True) -> RowOp:
                  make_rows, grad_inputs=(0,))
 
 
-def matmul_operator():
-    """The registry.Operator entry of the matmul."""
-    from ..registry import Backend, Operator
+def matmul_harness():
+    """How `rlk-triton check` checks the matmul's claims (rlk_triton/operators.py)."""
+    from .harness import Harness
 
     def cases(on_gpu):
         shapes = [(256, 4096, 4096), (77, 1000, 3000)] if on_gpu else [(37, 70, 50), (5, 64, 96)]
@@ -109,10 +109,4 @@ def matmul_operator():
         if max(r.values()) > 1.0:
             raise AssertionError(f"probe result outside the contract: error / bound {r}")
 
-    backend = Backend(
-        "matmul", "triton", "Triton kernel, rlk_triton/ops/matmul.py", "production", strict_eligible=True,
-        optimized=True, speed_rank=0, dtypes=("bfloat16", "float16", "float32"),
-        devices="cuda (tuned for sm90); cpu only under the Triton interpreter", autograd=True,
-        parallel_modes=("data",), shape_ranges={"M": "any", "N": "any", "K": "any"}, batch_invariant=True,
-        bitwise_deterministic=True, notes="rows of out and d a batch-invariant; d b / d bias deterministic")
-    return Operator("matmul", "matmul", (backend,), cases, judge_matmul, row_ops, probe)
+    return Harness("matmul", cases, judge_matmul, row_ops, probe)

@@ -169,3 +169,32 @@ def selected_logp_row_op(V, dtype, device, temperature="rows", scale=3.0, backen
 
     return RowOp(f"selected_logp.{backend}[V={V},{contracts.dtype_name(dtype)},T={temperature}]",
                  forward, make_rows, grad_inputs=(0,), indexed=indexed, make_padding=padding)
+
+
+def selected_logp_harness():
+    """How `rlk-triton check` checks selected_logp's claims (rlk_triton/operators.py)."""
+    from .harness import Harness
+
+    def cases(on_gpu):
+        # the float64 reference on the host dominates the time: few rows even on a GPU
+        rows, big = (32, (1, 3, 1000, 32000, 50257, 151936, 262144)) if on_gpu else (4, (1, 3, 1000, 50257))
+        out = []
+        for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+            for V in big:
+                for T, layout in (("rows", "contiguous"), (0.7, "slice3d")):
+                    out.append(LogpCase(rows, V, dtype, T, 3.0, layout, seed=i * 1000 + V))
+        return out
+
+    def row_ops(device, on_gpu):
+        Vs = (1000, 151936) if on_gpu else (1000,)
+        return [selected_logp_row_op(V, dt, device, backend=b) for b in ("triton", "torch_reference")
+                for V in Vs for dt in (torch.bfloat16, torch.float16, torch.float32)]
+
+    def probe(backend, device):
+        for dt in (torch.bfloat16, torch.float32):
+            ratios = judge_selected_logp(LogpCase(4, 257, dt, "rows", 3.0, "contiguous", seed=1), device,
+                                         backend=backend)
+            if max(ratios.values()) > 1.0:
+                raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
+
+    return Harness("selected_logp", cases, judge_selected_logp, row_ops, probe)

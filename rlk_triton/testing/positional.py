@@ -1,7 +1,7 @@
 """Parity and invariance of RoPE and embedding, judged by contracts/rope.yaml and embedding.yaml.
 
-Shared by the tests, scripts/measure_positional.py and the registry (rope_operator(),
-embedding_operator()). Cases are seeded and self-describing; the judges return, per output, the
+Shared by the tests, scripts/measure_positional.py and `rlk-triton check` (rope_harness(),
+embedding_harness()). Cases are seeded and self-describing; the judges return, per output, the
 ratio of the worst error to what the contract allows (<= 1 passes).
 """
 from __future__ import annotations
@@ -287,44 +287,25 @@ def probe_embedding(backend, device):
             raise AssertionError(f"probe result outside the contract: error / bound {ratios}")
 
 
-# ---- registry entries (the lead adds them to registry.operators()) ----
+# ---- harness entries (rlk_triton/testing/harness.py) ----
 
-def rope_operator():
-    from ..registry import Backend, Operator
+def rope_harness():
+    from .harness import Harness
 
     def row_ops(device, on_gpu):
         shapes = ((32, 8, 128), (4, 2, 64)) if on_gpu else ((4, 2, 32),)
         return [rope_row_op(h, hk, d, dt, device, interleaved=il, rotary_dim=r)
                 for (h, hk, d) in shapes for dt in DTYPES for il, r in ((False, None), (True, d // 2))]
 
-    dtypes = ("bfloat16", "float16", "float32")
-    backend = Backend(
-        "rope", "triton", "Triton kernel, rlk_triton/ops/rope.py", "production", strict_eligible=True,
-        optimized=True, speed_rank=0, dtypes=dtypes,
-        devices="cuda (untuned configs); cpu only under the Triton interpreter", autograd=True,
-        parallel_modes=("data",),
-        shape_ranges={"tokens": "any", "head_dim": "any even rotary dim <= head_dim",
-                      "layouts": "[..., H, D], any token / head strides"},
-        batch_invariant=True, bitwise_deterministic=True,
-        notes="fp32 tables from rope_tables (float64 on the host, rounded once)")
-    return Operator("rope", "rope", (backend,), rope_parity_cases, judge_rope, row_ops, probe_rope)
+    return Harness("rope", rope_parity_cases, judge_rope, row_ops, probe_rope)
 
 
-def embedding_operator():
-    from ..registry import Backend, Operator
+def embedding_harness():
+    from .harness import Harness
 
     def row_ops(device, on_gpu):
         sizes = ((151936, 4096), (1000, 64)) if on_gpu else ((50, 40),)
         return [embedding_row_op(V, H, dt, device, padding_idx=p) for (V, H) in sizes for dt in DTYPES
                 for p in (None, 0)]
 
-    dtypes = ("bfloat16", "float16", "float32")
-    backend = Backend(
-        "embedding", "triton", "Triton kernels, rlk_triton/ops/embedding.py", "production", strict_eligible=True,
-        optimized=True, speed_rank=0, dtypes=dtypes,
-        devices="cuda (untuned configs); cpu only under the Triton interpreter", autograd=True,
-        parallel_modes=("data",), shape_ranges={"tokens": "any", "V": "any", "H": "any"},
-        batch_invariant=True, bitwise_deterministic=True,
-        notes="dW: sorted segment sums in ascending token order, no atomics")
-    return Operator("embedding", "embedding", (backend,), embedding_parity_cases, judge_embedding, row_ops,
-                    probe_embedding)
+    return Harness("embedding", embedding_parity_cases, judge_embedding, row_ops, probe_embedding)

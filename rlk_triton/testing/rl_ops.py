@@ -1,7 +1,7 @@
-"""The RL losses and advantages as registered operators: inputs, error scales, judges, cases, row ops.
+"""How the RL losses and advantages are checked: inputs, error scales, judges, cases, row ops.
 
-rlk_triton.registry lists ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
-reinforce_pp_baseline from rl_operators(); the tests (tests/test_rl_losses.py, tests/test_gspo.py,
+rlk_triton/operators.py describes ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
+reinforce_pp_baseline; rl_harnesses() says how to check them; the tests (tests/test_rl_losses.py, tests/test_gspo.py,
 tests/test_rl_backends.py, tests/test_rl_registry.py),
 `rlk-triton check` and scripts/measure_rl_losses.py use the same definitions from here, so that the
 contract and everything that judges against it share one definition of `scale`.
@@ -738,29 +738,11 @@ def _probe_with(case):
     return probe
 
 
-def _backends(op, kernels, autograd, shapes, invariance_note):
-    from ..registry import Backend
+def rl_harnesses() -> list:
+    """How `rlk-triton check` checks ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
+    reinforce_pp_baseline (rlk_triton/operators.py)."""
+    from .harness import Harness
 
-    dtypes = ("float32",)  # per-token logp, advantages and rewards are fp32: the contracts' only row
-    common = dict(dtypes=dtypes, autograd=autograd, parallel_modes=("data",), shape_ranges=shapes,
-                  batch_invariant=True, bitwise_deterministic=True)
-    return (
-        Backend(op, "triton", f"Triton kernels, {kernels}", "production", strict_eligible=True, optimized=True,
-                speed_rank=0, devices="cuda (tuned for sm90); cpu only under the Triton interpreter",
-                notes=invariance_note, **common),
-        Backend(op, "torch_reference", "float64 torch rounded once, rlk_triton/ops/rl_torch.py", "reference",
-                strict_eligible=True, optimized=False, speed_rank=100, devices="cuda or cpu (any torch build)",
-                notes=f"slow; fixed-shape row sums (16-row chunks x 256-token tiles). {invariance_note}".strip(),
-                **common),
-    )
-
-
-def rl_operators() -> list:
-    """registry.Operator entries of ratio_kl, policy_loss, gspo_loss, gae, group_advantages and
-    reinforce_pp_baseline."""
-    from ..registry import Operator
-
-    bt = {"B": "any", "T": "< 2^24", "B*T": "< 2^31"}
     both = ("triton", "torch_reference")
 
     def ratio_kl_cases(on_gpu):
@@ -796,46 +778,25 @@ def rl_operators() -> list:
         return [ReinforcePPCase(64, 9, 7, seed=51), ReinforcePPCase(5, 2, 40, seed=52),
                 ReinforcePPCase(1, 1, 3, seed=53)] + big
 
-    per_token = ("per-token values and gradients bitwise independent of the other rows; "
-                 "the scalar loss's gradient too when a normalizer is passed")
     return [
-        Operator("ratio_kl", "rl_losses",
-                 _backends("ratio_kl", "rlk_triton/ops/rl_losses.py", True, bt, ""),
-                 ratio_kl_cases, judge_case,
-                 lambda device, on_gpu: [ratio_kl_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
-                 _probe_with(RatioKlCase(2, 9, "k3", CLAMP, seed=5))),
-        Operator("policy_loss", "rl_losses",
-                 _backends("policy_loss", "rlk_triton/ops/rl_losses.py", True, bt, per_token),
-                 policy_cases, judge_case,
-                 lambda device, on_gpu: [policy_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
-                 _probe_with(PolicyCase(2, 9, "grpo", "seq-mean-token-mean", "everything", seed=6))),
-        Operator("gae", "advantages",
-                 _backends("gae", "rlk_triton/ops/advantages.py", False, bt, "per row"),
-                 gae_cases, judge_case,
-                 lambda device, on_gpu: [gae_row_op(8192 if on_gpu else 300, device, backend=b) for b in both],
-                 _probe_with(GaeCase(1, 9, seed=7))),
-        Operator("group_advantages", "advantages",
-                 _backends("group_advantages", "rlk_triton/ops/advantages.py", False,
-                           {"B": "any", "num_groups": "any"},
-                           "per group: a group's values depend on its own members and their order only"),
-                 group_cases, judge_case,
-                 lambda device, on_gpu: [group_row_op(8 if on_gpu else 4, device, m, backend=b)
-                                         for b in both for m in ("mean_std", "rloo")],
-                 _probe_with(GroupCase(12, 3, "mean_std", seed=8))),
-        Operator("gspo_loss", "rl_losses",
-                 _backends("gspo_loss", "rlk_triton/ops/gspo.py", True, bt,
-                           "per sequence: a sequence's term and its d logp / d entropy are bitwise its own when "
-                           "a normalizer is passed"),
-                 gspo_cases, judge_case,
-                 lambda device, on_gpu: [gspo_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
-                 _probe_with(GspoCase(2, 9, "everything", "ppo", 1e-2, seed=9))),
-        Operator("reinforce_pp_baseline", "advantages",
-                 _backends("reinforce_pp_baseline", "rlk_triton/ops/advantages.py (group means) + torch whitening",
-                           False, {"B": "any", "T": "< 2^24", "num_groups": "any"},
-                           "per group when token_mean / token_std are passed; otherwise the whitening "
-                           "statistics are the batch's, as the math says"),
-                 reinforce_pp_cases, judge_case,
-                 lambda device, on_gpu: [reinforce_pp_row_op(8 if on_gpu else 4, 64 if on_gpu else 5, device,
-                                                              backend=b) for b in both],
-                 _probe_with(ReinforcePPCase(12, 3, 4, seed=10))),
+        Harness("ratio_kl", ratio_kl_cases, judge_case,
+                lambda device, on_gpu: [ratio_kl_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                _probe_with(RatioKlCase(2, 9, "k3", CLAMP, seed=5))),
+        Harness("policy_loss", policy_cases, judge_case,
+                lambda device, on_gpu: [policy_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                _probe_with(PolicyCase(2, 9, "grpo", "seq-mean-token-mean", "everything", seed=6))),
+        Harness("gae", gae_cases, judge_case,
+                lambda device, on_gpu: [gae_row_op(8192 if on_gpu else 300, device, backend=b) for b in both],
+                _probe_with(GaeCase(1, 9, seed=7))),
+        Harness("group_advantages", group_cases, judge_case,
+                lambda device, on_gpu: [group_row_op(8 if on_gpu else 4, device, m, backend=b)
+                                        for b in both for m in ("mean_std", "rloo")],
+                _probe_with(GroupCase(12, 3, "mean_std", seed=8))),
+        Harness("gspo_loss", gspo_cases, judge_case,
+                lambda device, on_gpu: [gspo_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                _probe_with(GspoCase(2, 9, "everything", "ppo", 1e-2, seed=9))),
+        Harness("reinforce_pp_baseline", reinforce_pp_cases, judge_case,
+                lambda device, on_gpu: [reinforce_pp_row_op(8 if on_gpu else 4, 64 if on_gpu else 5, device,
+                                                             backend=b) for b in both],
+                _probe_with(ReinforcePPCase(12, 3, 4, seed=10))),
     ]

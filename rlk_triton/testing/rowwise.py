@@ -305,43 +305,27 @@ def _probe(judge, cases):
     return probe
 
 
-def rmsnorm_operator():
-    from ..registry import Backend, Operator
+def rmsnorm_harness():
+    from .harness import Harness
 
     def row_ops(device, on_gpu):
         Hs, dts = ((1000, 8192), DTYPES) if on_gpu else ((300,), (torch.bfloat16, torch.float32))
         return [rmsnorm_row_op(H, dt, device, residual=res, weight_offset=1.0 if res else 0.0)
                 for H in Hs for dt in dts for res in (False, True)]
 
-    dtypes = ("bfloat16", "float16", "float32")
-    backend = Backend(
-        "rmsnorm", "triton", "Triton kernels, rlk_triton/ops/rmsnorm.py", "production",
-        strict_eligible=True, optimized=True, speed_rank=0, dtypes=dtypes,
-        devices="cuda; cpu only under the Triton interpreter", autograd=True, parallel_modes=("data",),
-        shape_ranges={"H": [1, "any (one tile up to 16384 on CUDA)"], "leading_dims": "any", "rows": "any"},
-        batch_invariant=True, bitwise_deterministic=True,
-        notes="y, residual and d x are batch-invariant per row; d weight sums over the batch on a fixed "
-              "row partition: run-to-run deterministic, no atomics")
     probe = _probe(judge_rmsnorm, [NormCase(4, 257, dt, residual=True, weight_offset=1.0, seed=1)
                                    for dt in (torch.bfloat16, torch.float32)])
-    return Operator("rmsnorm", "rmsnorm", (backend,), rmsnorm_cases, judge_rmsnorm, row_ops, probe)
+    return Harness("rmsnorm", rmsnorm_cases, judge_rmsnorm, row_ops, probe)
 
 
-def swiglu_operator():
-    from ..registry import Backend, Operator
+def swiglu_harness():
+    from .harness import Harness
 
     def row_ops(device, on_gpu):
         Is, dts = ((1000, 14336), DTYPES) if on_gpu else ((300,), (torch.bfloat16, torch.float32))
         return [swiglu_row_op(I, dt, device, layout) for I in Is for dt in dts
                 for layout in ("separate", "fused")]
 
-    dtypes = ("bfloat16", "float16", "float32")
-    backend = Backend(
-        "swiglu", "triton", "Triton kernels, rlk_triton/ops/swiglu.py", "production",
-        strict_eligible=True, optimized=True, speed_rank=0, dtypes=dtypes,
-        devices="cuda; cpu only under the Triton interpreter", autograd=True, parallel_modes=("data",),
-        shape_ranges={"I": [0, "any"], "leading_dims": "any", "rows": "any"},
-        batch_invariant=True, bitwise_deterministic=True, notes="elementwise")
     probe = _probe(judge_swiglu, [GluCase(4, 257, dt, 3.0, "fused", seed=1)
                                   for dt in (torch.bfloat16, torch.float32)])
-    return Operator("swiglu", "swiglu", (backend,), swiglu_cases, judge_swiglu, row_ops, probe)
+    return Harness("swiglu", swiglu_cases, judge_swiglu, row_ops, probe)

@@ -1,0 +1,165 @@
+"""What each operator is: its name, the contract that judges it, and its backends with what each
+claims (dtypes, devices, autograd, invariance, determinism, speed rank). One table, the library's
+own statement; the registry adds what it measures here (availability, the build fingerprint,
+contract ids), the test harness (rlk_triton.testing.harness) adds how to check each claim.
+
+Stable backend ids are "<op>.<backend>" ("selected_logp.triton", "selected_logp.torch_reference";
+native ones later). Imports point one way: ops <- this table <- registry / policy <- testing <- cli.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKEND_CLASSES = ("production", "reference", "deterministic")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Backend:
+    op: str
+    name: str  # the backend's id inside its op; the stable id is f"{op}.{name}"
+    implementation: str
+    backend_class: str  # production | reference | deterministic
+    strict_eligible: bool  # meets every judgment of its contract, invariance included
+    optimized: bool  # counts as an optimized backend for fast=auto/strict
+    speed_rank: int  # lower is faster (from docs/reports); orders candidates
+    dtypes: tuple
+    devices: str
+    autograd: bool
+    parallel_modes: tuple
+    shape_ranges: dict
+    batch_invariant: bool
+    bitwise_deterministic: bool
+    notes: str = ""
+
+    @property
+    def backend_id(self) -> str:
+        return f"{self.op}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    contract: str  # the contracts/<contract>.yaml that judges it
+    backends: tuple
+
+
+def _triton(op, kernels, devices, **claims) -> Backend:
+    """The production Triton backend of op: strict-eligible, fastest, autograd, data-parallel unless told."""
+    claims.setdefault("parallel_modes", ("data",))
+    claims.setdefault("dtypes", DTYPES)
+    return Backend(op, "triton", f"Triton {kernels}", "production", strict_eligible=True, optimized=True,
+                   speed_rank=0, devices=devices, autograd=claims.pop("autograd", True),
+                   batch_invariant=True, bitwise_deterministic=True, **claims)
+
+
+def _selected_logp() -> Operator:
+    shapes = {"V": [1, 262144], "leading_dims": "any (up to two without a copy)", "rows": "any"}
+    return Operator("selected_logp", "selected_logp", (
+        _triton("selected_logp", "kernels, rlk_triton/ops/selected_logp.py",
+                "cuda (tuned for sm90); cpu only under the Triton interpreter", shape_ranges=shapes),
+        Backend("selected_logp", "torch_reference", "float64 torch, rlk_triton/ops/selected_logp_torch.py",
+                "reference", strict_eligible=True, optimized=False, speed_rank=100, dtypes=DTYPES,
+                devices="any torch device", autograd=True, parallel_modes=("data",), shape_ranges=shapes,
+                batch_invariant=True, bitwise_deterministic=True,
+                notes="slow; fixed 16-row chunks make every row's reductions one shape"),
+    ))
+
+
+def _linear_logp() -> Operator:
+    return Operator("linear_logp", "linear_logp", (_triton(
+        "linear_logp", "kernels, rlk_triton/ops/linear_logp.py",
+        "cuda (tuned for sm90); cpu only under the Triton interpreter", parallel_modes=("data", "tensor_vocab"),
+        shape_ranges={"H": "any", "V_local": "any >= 1", "tokens": "any"},
+        notes="logp, entropy, d hidden batch-invariant; d weight / d bias deterministic; TP bitwise when "
+              "shards start at multiples of chunk_v (docs/linear_logp.md)"),))
+
+
+def _matmul() -> Operator:
+    return Operator("matmul", "matmul", (_triton(
+        "matmul", "kernel, rlk_triton/ops/matmul.py", "cuda (tuned for sm90); cpu only under the Triton interpreter",
+        shape_ranges={"M": "any", "N": "any", "K": "any"},
+        notes="rows of out and d a batch-invariant; d b / d bias deterministic"),))
+
+
+def _rmsnorm() -> Operator:
+    return Operator("rmsnorm", "rmsnorm", (_triton(
+        "rmsnorm", "kernels, rlk_triton/ops/rmsnorm.py", "cuda; cpu only under the Triton interpreter",
+        shape_ranges={"H": [1, "any (one tile up to 16384 on CUDA)"], "leading_dims": "any", "rows": "any"},
+        notes="y, residual and d x are batch-invariant per row; d weight sums over the batch on a fixed "
+              "row partition: run-to-run deterministic, no atomics"),))
+
+
+def _swiglu() -> Operator:
+    return Operator("swiglu", "swiglu", (_triton(
+        "swiglu", "kernels, rlk_triton/ops/swiglu.py", "cuda; cpu only under the Triton interpreter",
+        shape_ranges={"I": [0, "any"], "leading_dims": "any", "rows": "any"}, notes="elementwise"),))
+
+
+def _rope() -> Operator:
+    return Operator("rope", "rope", (_triton(
+        "rope", "kernel, rlk_triton/ops/rope.py", "cuda (untuned configs); cpu only under the Triton interpreter",
+        shape_ranges={"tokens": "any", "head_dim": "any even rotary dim <= head_dim",
+                      "layouts": "[..., H, D], any token / head strides"},
+        notes="fp32 tables from rope_tables (float64 on the host, rounded once)"),))
+
+
+def _embedding() -> Operator:
+    return Operator("embedding", "embedding", (_triton(
+        "embedding", "kernels, rlk_triton/ops/embedding.py",
+        "cuda (untuned configs); cpu only under the Triton interpreter",
+        shape_ranges={"tokens": "any", "V": "any", "H": "any"},
+        notes="dW: sorted segment sums in ascending token order, no atomics"),))
+
+
+def _attention() -> Operator:
+    return Operator("attention", "attention", (_triton(
+        "attention", "kernels, rlk_triton/ops/attention.py", "cuda (untuned); cpu only under the Triton interpreter",
+        parallel_modes=("data", "context_chained"),
+        shape_ranges={"head_dim": "power of two in [16, 256] (GPU tuned: 64, 128)", "tokens": "any",
+                      "heads": "Hkv divides Hq"},
+        notes="varlen causal / full; out, LSE and dq / dk / dv pack-invariant; paged decode bitwise equal to "
+              "training; CP bitwise by chaining attention_partial states (docs/attention.md)"),))
+
+
+def _rl(op, contract, kernels, autograd, shapes, invariance_note) -> Operator:
+    """An RL operator: fp32 only (per-token logp, advantages and rewards are fp32: the contracts' only
+    row), a Triton backend and the float64 torch reference backend."""
+    common = dict(dtypes=("float32",), autograd=autograd, parallel_modes=("data",), shape_ranges=shapes,
+                  batch_invariant=True, bitwise_deterministic=True)
+    return Operator(op, contract, (
+        Backend(op, "triton", f"Triton kernels, {kernels}", "production", strict_eligible=True, optimized=True,
+                speed_rank=0, devices="cuda (tuned for sm90); cpu only under the Triton interpreter",
+                notes=invariance_note, **common),
+        Backend(op, "torch_reference", "float64 torch rounded once, rlk_triton/ops/rl_torch.py", "reference",
+                strict_eligible=True, optimized=False, speed_rank=100, devices="cuda or cpu (any torch build)",
+                notes=f"slow; fixed-shape row sums (16-row chunks x 256-token tiles). {invariance_note}".strip(),
+                **common),
+    ))
+
+
+def _rl_operators() -> list:
+    bt = {"B": "any", "T": "< 2^24", "B*T": "< 2^31"}
+    per_token = ("per-token values and gradients bitwise independent of the other rows; "
+                 "the scalar loss's gradient too when a normalizer is passed")
+    return [
+        _rl("ratio_kl", "rl_losses", "rlk_triton/ops/rl_losses.py", True, bt, ""),
+        _rl("policy_loss", "rl_losses", "rlk_triton/ops/rl_losses.py", True, bt, per_token),
+        _rl("gae", "advantages", "rlk_triton/ops/advantages.py", False, bt, "per row"),
+        _rl("group_advantages", "advantages", "rlk_triton/ops/advantages.py", False,
+            {"B": "any", "num_groups": "any"},
+            "per group: a group's values depend on its own members and their order only"),
+        _rl("gspo_loss", "rl_losses", "rlk_triton/ops/gspo.py", True, bt,
+            "per sequence: a sequence's term and its d logp / d entropy are bitwise its own when "
+            "a normalizer is passed"),
+        _rl("reinforce_pp_baseline", "advantages", "rlk_triton/ops/advantages.py (group means) + torch whitening",
+            False, {"B": "any", "T": "< 2^24", "num_groups": "any"},
+            "per group when token_mean / token_std are passed; otherwise the whitening "
+            "statistics are the batch's, as the math says"),
+    ]
+
+
+def operators() -> list[Operator]:
+    """Every operator's descriptor, in a fixed order."""
+    return [_selected_logp(), _linear_logp(), _matmul(), _rmsnorm(), _swiglu(), _rope(), _embedding(),
+            _attention(), *_rl_operators()]
