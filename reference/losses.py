@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")
 
 
 def _f64(x):
@@ -40,6 +40,13 @@ def kl_estimate(logp, ref_logp, estimator="k3"):
         return 0.5 * d * d, d
     if estimator == "k3":
         return np.exp(-d) + d - 1.0, 1.0 - np.exp(-d)
+    if estimator == "low_var_kl":  # verl's: u = ref - logp clamped to [-20, 20], the estimate to [-10, 10]
+        u = -d
+        inside = (u >= -20.0) & (u <= 20.0)
+        uc = np.clip(u, -20.0, 20.0)
+        k3 = np.exp(uc) - uc - 1.0
+        grad = np.where(inside & (k3 >= -10.0) & (k3 <= 10.0), 1.0 - np.exp(uc), 0.0)
+        return np.clip(k3, -10.0, 10.0), grad
     raise ValueError(f"unknown kl estimator {estimator!r}")
 
 
@@ -78,9 +85,12 @@ def ratio_kl_grad_reference(logp, old_logp, ref_logp, mask, grad_log_ratio, grad
 
 def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_low=0.2, eps_high=None,
                       dual_clip_c=None, ref_logp=None, kl_coef=0.0, kl_estimator="k3", entropy=None,
-                      entropy_coef=0.0, rollout_logp=None, tis_cap=None, tis_mode="truncate"):
+                      entropy_coef=0.0, rollout_logp=None, tis_cap=None, tis_mode="truncate", tis_scope="loss",
+                      is_weights=None, log_ratio_clamp=None):
     """Per-token quantities (dict of float64 / bool [B, T] arrays): loss, dloss_dlogp, dloss_dentropy,
-    active (after TIS masking), clipped, ratio, log_ratio, approx_kl (k3 of old vs current)."""
+    active (after TIS masking), clipped, ratio, log_ratio, approx_kl (k3 of old vs current), ppo_kl
+    (k1 of old vs current, old - logp). tis_scope "pg" weighs the policy term only; is_weights are
+    given weights (as "truncate" weighs); log_ratio_clamp clamps logp - old (no gradient beyond)."""
     logp, old = _f64(logp), _f64(old_logp)
     adv = _f64(advantages)
     if adv.ndim == 1:
@@ -88,6 +98,10 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_
     active = _active(mask, logp.shape)
     eps_high = eps_low if eps_high is None else eps_high
     lr = logp - old
+    dlr = np.ones_like(lr)
+    if log_ratio_clamp is not None:
+        dlr = ((lr >= -log_ratio_clamp) & (lr <= log_ratio_clamp)).astype(np.float64)
+        lr = np.clip(lr, -log_ratio_clamp, log_ratio_clamp)
     r = np.exp(lr)
     cr = np.clip(r, 1.0 - eps_low, 1.0 + eps_high)
     if loss_type == "cispo":
@@ -98,11 +112,22 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_
         unclipped, clipped_term = -adv * r, -adv * cr
         clipped = clipped_term > unclipped
         pg = np.maximum(unclipped, clipped_term)
-        dpg = np.where(clipped, 0.0, -adv * r)
+        dpg = np.where(clipped, 0.0, -adv * r * dlr)
         if dual_clip_c is not None:
             dual = (adv < 0) & (-adv * dual_clip_c < pg)
             pg = np.where(dual, -adv * dual_clip_c, pg)
             dpg = np.where(dual, 0.0, dpg)
+    tw = None
+    if is_weights is not None:
+        tw = _f64(is_weights)
+    elif rollout_logp is not None:
+        w = np.exp(old - _f64(rollout_logp))
+        if tis_mode == "truncate":
+            tw = np.minimum(w, tis_cap)
+        else:
+            active = active & (w <= tis_cap)
+    if tw is not None and tis_scope == "pg":
+        pg, dpg = pg * tw, dpg * tw
     loss, dloss = pg, dpg
     if kl_coef != 0.0:
         kl, dkl = kl_estimate(logp, ref_logp, kl_estimator)
@@ -111,17 +136,12 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_
     if entropy_coef != 0.0:
         loss = loss - entropy_coef * _f64(entropy)
         dent = dent - entropy_coef
-    if rollout_logp is not None:
-        w = np.exp(old - _f64(rollout_logp))
-        if tis_mode == "truncate":
-            tw = np.minimum(w, tis_cap)
-            loss, dloss, dent = loss * tw, dloss * tw, dent * tw
-        else:
-            active = active & (w <= tis_cap)
-    k3_old = np.exp(old - logp) - (old - logp) - 1.0
+    if tw is not None and tis_scope != "pg":
+        loss, dloss, dent = loss * tw, dloss * tw, dent * tw
+    k3_old = np.exp(-lr) + lr - 1.0
     z = lambda x: np.where(active, x, 0.0)  # noqa: E731
     return {"loss": z(loss), "dloss_dlogp": z(dloss), "dloss_dentropy": z(dent), "active": active,
-            "clipped": clipped & active, "ratio": r, "log_ratio": lr, "approx_kl": z(k3_old)}
+            "clipped": clipped & active, "ratio": r, "log_ratio": lr, "approx_kl": z(k3_old), "ppo_kl": z(-lr)}
 
 
 def aggregation_weights(active, aggregation, normalizer=None):
@@ -180,7 +200,8 @@ def policy_loss_reference(logp, old_logp, advantages, mask, *, aggregation="toke
     else:
         r = t["ratio"][active]
         diag = {"clipfrac": float(t["clipped"].sum() / n), "approx_kl": float(t["approx_kl"].sum() / n),
-                "ratio_mean": float(r.mean()), "ratio_min": float(r.min()), "ratio_max": float(r.max())}
+                "ratio_mean": float(r.mean()), "ratio_min": float(r.min()), "ratio_max": float(r.max()),
+                "ppo_kl": float(t["ppo_kl"].sum() / n)}
     return loss, t["loss"], diag
 
 
@@ -196,12 +217,12 @@ def policy_loss_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad
 
 # ---- GSPO ----
 
-GSPO_DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+GSPO_DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")
 
 
 def gspo_terms(logp, old_logp, advantages, mask, *, eps_low=3e-4, eps_high=4e-4, ref_logp=None, kl_coef=0.0,
                kl_estimator="k3", entropy=None, entropy_coef=0.0, rollout_logp=None, tis_cap=None,
-               tis_mode="truncate", sg_logp=None):
+               tis_mode="truncate", sg_logp=None, is_weights=None, tis_scope="loss", aggregation=None):
     """GSPO, written as the GSPO paper's token-level surrogate (float64). With s_i = exp(mean over the
     sequence's active tokens of (sg_logp - old_logp)) and s_it = s_i exp(logp_t - sg_logp_t) (sg_logp:
     the stop-gradient point, logp itself by default, so s_it = s_i in value):
@@ -210,12 +231,16 @@ def gspo_terms(logp, old_logp, advantages, mask, *, eps_low=3e-4, eps_high=4e-4,
     tis_t = min(exp(old - rollout), cap) ("truncate"; else 1); "mask" drops tokens with
     exp(old - rollout) > cap first, as if masked. Without truncation d l_i / d logp_t is the plain
     GSPO gradient (pg_it's derivative is the same for every token); with it, each token's share is
-    weighted by its own tis_t. Returns per-sequence and per-token float64 arrays (a dict)."""
+    weighted by its own tis_t. is_weights: given weights tis_t (as "truncate" weighs); tis_scope "pg":
+    tis_t weighs pg_it only. Returns per-sequence and per-token float64 arrays (a dict); aggregation
+    is gspo_reference's (unused here)."""
     lp, old = _f64(logp), _f64(old_logp)
     adv = _f64(advantages)
     active = _active(mask, lp.shape)
     tis = np.ones_like(lp)
-    if rollout_logp is not None:
+    if is_weights is not None:
+        tis = _f64(is_weights)
+    elif rollout_logp is not None:
         w = np.exp(old - _f64(rollout_logp))
         if tis_mode == "truncate":
             tis = np.minimum(w, tis_cap)
@@ -241,40 +266,54 @@ def gspo_terms(logp, old_logp, advantages, mask, *, eps_low=3e-4, eps_high=4e-4,
         extra = extra - entropy_coef * _f64(entropy)
         dent = dent - entropy_coef
     z = lambda x: np.where(active, x, 0.0)  # noqa: E731
-    terms = np.where(has, z(tis * (pg + extra)).sum(1) / n1, 0.0)
+    tw_rest = np.ones_like(lp) if tis_scope == "pg" else tis
+    terms = np.where(has, z(tis * pg + tw_rest * extra).sum(1) / n1, 0.0)
     k3_old = np.exp(old - lp) - (old - lp) - 1.0
     return {"terms": terms, "s": s, "has": has, "n": n, "active": active,
-            "clipped": has & (s != np.clip(s, lo, hi)), "approx_kl": z(k3_old),
-            "dterm_dlogp": z(tis * (dpg + dextra)) / n1[:, None], "dterm_dentropy": z(tis * dent) / n1[:, None]}
+            "clipped": has & (s != np.clip(s, lo, hi)), "approx_kl": z(k3_old), "ppo_kl": z(old - lp),
+            "dterm_dlogp": z(tis * dpg + tw_rest * dextra) / n1[:, None],
+            "dterm_dentropy": z(tw_rest * dent) / n1[:, None]}
 
 
-def _gspo_weight(has, normalizer):
-    den = float(has.sum()) if normalizer is None else float(normalizer)
-    return 1.0 / den if den > 0 else 0.0
+def gspo_row_weights(has, n, normalizer, aggregation="seq-mean-token-mean"):
+    """d loss / d l_i [B] float64: f_i / den (f_i = 1 for seq-mean-token-mean, else n_i; den the
+    normalizer, else #tokens for token-mean, #sequences with a token otherwise); 0 where den is 0."""
+    if normalizer is not None:
+        den = float(normalizer)
+    elif aggregation == "token-mean":
+        den = float(n[has].sum())
+    else:
+        den = float(has.sum())
+    f = np.ones_like(n) if aggregation in (None, "seq-mean-token-mean") else n
+    return np.where(has, f / den, 0.0) if den > 0 else np.zeros_like(n)
 
 
-def gspo_reference(logp, old_logp, advantages, mask, *, normalizer=None, **kwargs):
+def gspo_reference(logp, old_logp, advantages, mask, *, normalizer=None, aggregation="seq-mean-token-mean",
+                   **kwargs):
     """float64 GSPO: (loss, per-sequence terms l_i [B], diagnostics {name: float}).
 
-    loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number). Diagnostics:
-    clipfrac, ratio_mean / min / max over those sequences (of s_i), approx_kl the mean k3 of old vs
-    current over the active tokens, as policy_loss; all 0 when there is none. kwargs: gspo_terms'."""
+    loss = sum over sequences with >= 1 active token of f_i l_i / den (gspo_row_weights). Diagnostics:
+    clipfrac, ratio_mean / min / max over those sequences (of s_i), approx_kl / ppo_kl the mean k3 /
+    k1 of old vs current over the active tokens, as policy_loss; all 0 when there is none. kwargs:
+    gspo_terms'."""
     t = gspo_terms(logp, old_logp, advantages, mask, **kwargs)
     has, s = t["has"], t["s"]
-    loss = float(t["terms"].sum() * _gspo_weight(has, normalizer))
+    loss = float((t["terms"] * gspo_row_weights(has, t["n"], normalizer, aggregation)).sum())
     seqs, tokens = int(has.sum()), int(t["active"].sum())
     diag = {"clipfrac": float(t["clipped"].sum() / seqs) if seqs else 0.0,
             "approx_kl": float(t["approx_kl"].sum() / tokens) if tokens else 0.0,
             "ratio_mean": float(s[has].mean()) if seqs else 0.0,
             "ratio_min": float(s[has].min()) if seqs else 0.0,
-            "ratio_max": float(s[has].max()) if seqs else 0.0}
+            "ratio_max": float(s[has].max()) if seqs else 0.0,
+            "ppo_kl": float(t["ppo_kl"].sum() / tokens) if tokens else 0.0}
     return loss, t["terms"], diag
 
 
-def gspo_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad_terms=None, *, normalizer=None, **kwargs):
+def gspo_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad_terms=None, *, normalizer=None,
+                        aggregation="seq-mean-token-mean", **kwargs):
     """(d logp, d entropy) [B, T] float64 of grad_loss * loss + sum(grad_terms * l_i)."""
     t = gspo_terms(logp, old_logp, advantages, mask, **kwargs)
-    up = float(grad_loss) * _gspo_weight(t["has"], normalizer) * t["has"]
+    up = float(grad_loss) * gspo_row_weights(t["has"], t["n"], normalizer, aggregation)
     if grad_terms is not None:
         up = up + _f64(grad_terms)
     up = up[:, None]

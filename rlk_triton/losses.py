@@ -26,6 +26,7 @@ LOSS_TYPES = ("ppo", "grpo", "dapo", "dr_grpo", "cispo")
 AGGREGATIONS = tuple(_op.AGGREGATIONS)
 KL_ESTIMATORS = tuple(_op.KL_ESTIMATORS)
 TIS_MODES = ("truncate", "mask")
+TIS_SCOPES = tuple(_op.TIS_SCOPES)
 DIAGNOSTICS = _op.DIAGNOSTICS
 # The aggregation each loss type is usually paired with (the caller still states it explicitly).
 USUAL_AGGREGATION = {
@@ -103,6 +104,9 @@ def policy_loss(
     rollout_logp: Optional[torch.Tensor] = None,
     tis_cap: Optional[float] = None,
     tis_mode: str = "truncate",
+    tis_scope: str = "loss",
+    is_weights: Optional[torch.Tensor] = None,
+    log_ratio_clamp: Optional[float] = None,
     validate: bool = True,
     backend: str = "triton",
 ):
@@ -111,11 +115,16 @@ def policy_loss(
     Per active token, with r = exp(logp - old_logp), cr = clip(r, 1 - eps_low, 1 + eps_high):
       ppo / grpo / dapo / dr_grpo: pg = max(-A r, -A cr); with dual_clip_c = c, for A < 0: min(pg, -A c)
       cispo:                       pg = -sg(cr) A logp
-      l = tis * (pg + kl_coef * kl(logp, ref_logp) - entropy_coef * entropy)
+      l = tis * (pg + kl_coef * kl(logp, ref_logp) - entropy_coef * entropy)     (tis_scope "loss")
+      l = tis * pg + kl_coef * kl(logp, ref_logp) - entropy_coef * entropy       (tis_scope "pg")
     The loss types differ only in the aggregation they are usually paired with (USUAL_AGGREGATION);
     pass it explicitly. Truncated importance sampling (rollout_logp given): w = exp(old_logp -
-    rollout_logp); tis_mode "truncate" weighs l by min(w, tis_cap), "mask" drops tokens with w > tis_cap
-    as if masked.
+    rollout_logp); tis_mode "truncate" weighs by tis = min(w, tis_cap), "mask" drops tokens with
+    w > tis_cap as if masked. Or the caller's per-token weights: is_weights (fp32 [B, T], constants,
+    e.g. from rollout_correction) weigh like "truncate" does, tis = is_weights. tis_scope says what
+    the weight multiplies: "loss" (default: the whole token loss) or "pg" (the policy term only, as
+    verl, TRL and slime do). log_ratio_clamp = c clamps logp - old_logp to [-c, c] before exp (verl
+    clamps at 20): no gradient through r beyond; the diagnostics see the clamped log-ratio.
 
     Args:
         logp, old_logp, ref_logp, rollout_logp, entropy: fp32 [B, T].
@@ -137,7 +146,8 @@ def policy_loss(
     Returns:
         loss (fp32 0-dim), per_token_loss (fp32 [B, T], 0 on inactive tokens), diagnostics: dict of
         fp32 0-dim tensors clipfrac, approx_kl (mean k3 of old vs current), ratio_mean, ratio_min,
-        ratio_max over the active tokens, all 0 when no token is active. Differentiable w.r.t. logp and,
+        ratio_max, ppo_kl (mean k1 of old vs current: old_logp - logp, verl's actor/ppo_kl) over the
+        active tokens, all 0 when no token is active. Differentiable w.r.t. logp and,
         when entropy_coef != 0, entropy.
     """
     _check_logp(logp, backend)
@@ -153,14 +163,17 @@ def policy_loss(
             raise InputError("dual_clip_c", f"must be > 1 (it bounds -A r from above at -A c), got {dual_clip_c!r}")
         if loss_type == "cispo":
             raise InputError("dual_clip_c", "applies to the clipped surrogate, not to cispo")
-    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode)
+    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode,
+                     is_weights, tis_scope)
+    if log_ratio_clamp is not None:
+        log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
     norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp, validate)
 
     fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
     loss, per_token, diag, *_row_weight = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
         t.rollout_logp, norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c,
-        t.kl_coef, kl_estimator, t.entropy_coef, t.tis_mode, t.tis_cap,
+        t.kl_coef, kl_estimator, t.entropy_coef, t.tis_mode, t.tis_cap, t.tis_scope, log_ratio_clamp,
     )
     diag = diag.detach()
     return loss, per_token, {name: diag[i] for i, name in enumerate(DIAGNOSTICS)}
@@ -183,6 +196,9 @@ def gspo_loss(
     rollout_logp: Optional[torch.Tensor] = None,
     tis_cap: Optional[float] = None,
     tis_mode: str = "truncate",
+    tis_scope: str = "loss",
+    is_weights: Optional[torch.Tensor] = None,
+    aggregation: str = "seq-mean-token-mean",
     backend: str = "triton",
 ):
     """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean over the sequence's
@@ -191,6 +207,14 @@ def gspo_loss(
         pg_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))
         l_i  = mean over the active tokens t of tis_t * (pg_i + kl_coef * kl_t - entropy_coef * entropy_t)
         loss = sum over sequences with >= 1 active token of l_i / (normalizer or their number)
+
+    aggregation: "seq-mean-token-mean" (default, the GSPO paper's: above); "token-mean": sum_i n_i l_i /
+    (normalizer or #active tokens), each sequence weighted by its length n_i (verl's GSPO with its
+    actor default, TRL's sequence-level ratio with bnpo / dapo); "seq-mean-token-sum": sum_i n_i l_i /
+    (normalizer or #sequences); "seq-mean-token-sum-norm": sum_i n_i l_i / normalizer (required).
+    tis_scope "pg" weighs the policy term only (l_i = mean_t (tis_t pg_i + kl_coef kl_t - entropy_coef
+    entropy_t)); is_weights: the caller's per-token weights instead of rollout_logp / tis_cap, as in
+    policy_loss.
 
     The KL penalty (ref_logp, kl_coef, kl_estimator), the entropy bonus (entropy, entropy_coef) and
     truncated importance sampling (rollout_logp, tis_cap, tis_mode) are policy_loss's, token by token,
@@ -202,8 +226,8 @@ def gspo_loss(
     sequence); mask [B, T]. The default clip range is the GSPO paper's (3e-4, 4e-4): ratios of whole
     sequences move little. Returns the fp32 0-dim loss, the fp32 [B] per-sequence terms l_i (0 for a
     sequence with no active token), and policy_loss's diagnostics: clipfrac, ratio_mean, ratio_min,
-    ratio_max over those sequences (of s_i) and approx_kl (mean k3 of old vs current over the active
-    tokens); all 0 when there is none. Differentiable w.r.t. logp and, when entropy_coef != 0, entropy:
+    ratio_max over those sequences (of s_i), approx_kl and ppo_kl (mean k3 and k1 of old vs current
+    over the active tokens); all 0 when there is none. Differentiable w.r.t. logp and, when entropy_coef != 0, entropy:
     d l_i / d logp_t = tis_t ((-A_i or 0 when clipped) s_i + kl_coef dkl_t) / n_i (the GSPO paper's
     token-level form: plain GSPO without truncation), d l_i / d entropy_t = -tis_t entropy_coef / n_i.
     backend: "triton" or "torch_reference" (float64 torch, rounded once), as in policy_loss.
@@ -218,14 +242,18 @@ def gspo_loss(
     if advantages.device != logp.device:
         raise DeviceError("advantages", f"on {advantages.device}, logp on {logp.device}")
     eps_low, eps_high = _clip_range(eps_low, eps_high)
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
     if normalizer is not None:
         normalizer = _positive("normalizer", normalizer)
-    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode)
+    elif aggregation == "seq-mean-token-sum-norm":
+        raise InputError("normalizer", "seq-mean-token-sum-norm divides by a constant the caller chooses")
+    t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode,
+                     is_weights, tis_scope)
     fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.gspo_loss_fwd
     loss, seq_loss, diag, *_aux = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
         t.rollout_logp, 1.0 - eps_low, 1.0 + eps_high, normalizer, t.kl_coef, kl_estimator, t.entropy_coef,
-        t.tis_mode, t.tis_cap)
+        t.tis_mode, t.tis_cap, aggregation, t.tis_scope)
     diag = diag.detach()
     return loss, seq_loss, {name: diag[i] for i, name in enumerate(_gspo.DIAGNOSTICS)}
 
@@ -239,16 +267,18 @@ class _TokenTerms(NamedTuple):
     kl_coef: float
     entropy: Optional[torch.Tensor]
     entropy_coef: float
-    rollout_logp: Optional[torch.Tensor]
-    tis_mode: str  # "none" without rollout_logp
+    rollout_logp: Optional[torch.Tensor]  # is_weights in tis_mode "weights"
+    tis_mode: str  # "none" without rollout_logp / is_weights
     tis_cap: Optional[float]
+    tis_scope: str
 
 
 def _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap,
-                 tis_mode) -> _TokenTerms:
+                 tis_mode, is_weights=None, tis_scope="loss") -> _TokenTerms:
     """KL penalty, entropy bonus and truncated importance sampling: one set of checks for every loss."""
     _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     _check_choice("tis_mode", tis_mode, TIS_MODES)
+    _check_choice("tis_scope", tis_scope, TIS_SCOPES)
     kl_coef = _number("kl_coef", kl_coef)
     entropy_coef = _number("entropy_coef", entropy_coef)
     if ref_logp is not None:
@@ -267,8 +297,14 @@ def _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, r
     elif tis_cap is not None:
         raise InputError("rollout_logp", "tis_cap is given: pass rollout_logp (the rollout engine's logp)")
     c = lambda x, on: x.contiguous() if x is not None and on else None  # noqa: E731
+    if is_weights is not None:
+        if rollout_logp is not None:
+            raise InputError("is_weights", "pass either is_weights or rollout_logp with tis_cap, not both")
+        _check_like("is_weights", is_weights, logp)
+        return _TokenTerms(c(ref_logp, kl_coef != 0.0), kl_coef, c(entropy, entropy_coef != 0.0), entropy_coef,
+                           is_weights.detach().contiguous(), "weights", None, tis_scope)
     return _TokenTerms(c(ref_logp, kl_coef != 0.0), kl_coef, c(entropy, entropy_coef != 0.0), entropy_coef,
-                       c(rollout_logp, True), "none" if rollout_logp is None else tis_mode, tis_cap)
+                       c(rollout_logp, True), "none" if rollout_logp is None else tis_mode, tis_cap, tis_scope)
 
 
 def _clip_range(eps_low, eps_high) -> tuple[float, float]:

@@ -158,7 +158,7 @@ def test_off_terms_change_nothing(device, backend):
 def test_diagnostics_are_policy_losss(device, backend):
     x = gspo_inputs(3, 20, 9, device, 0.3)
     _, _, diag = gspo_loss(x["logp"], x["old_logp"], x["advantages"], mask=x["mask"], eps_low=0.2, backend=backend)
-    assert list(diag) == ["clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max"]
+    assert list(diag) == ["clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl"]
     assert float(diag["approx_kl"]) > 0 and 0 < float(diag["clipfrac"]) <= 1
 
 

@@ -33,14 +33,19 @@ from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
 
-KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
+# low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
+# slime's "low_var_kl"), no gradient beyond either clamp.
+KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3, "low_var_kl": 4}
+LOW_VAR_KL_U_CLAMP, LOW_VAR_KL_CLAMP = 20.0, 10.0
 AGGREGATIONS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 3}
-TIS_MODES = {"none": 0, "truncate": 1, "mask": 2}
-DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max")
+# "weights": per-token importance weights given by the caller (is_weights), read like rollout_logp.
+TIS_MODES = {"none": 0, "truncate": 1, "mask": 2, "weights": 3}
+TIS_SCOPES = {"loss": 0, "pg": 1}  # what a TIS weight multiplies: the whole token loss, or the policy term only
+DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")
 # Columns of the per-row partial sums written by the rows kernel (counts are exact in fp32: T < 2^24).
 ROW_STATS = ("loss_sum", "n_active", "n_clipped", "approx_kl_sum", "ratio_sum", "ratio_min", "ratio_max",
-             "token_mean")
-N_ROW_STATS = 8
+             "token_mean", "ppo_kl_sum")
+N_ROW_STATS = 9
 
 
 def config(kernel: str, device: torch.device) -> LaunchConfig:
@@ -60,11 +65,19 @@ def _kl_and_grad(logp, ref, KL_EST: tl.constexpr):
         d = logp - ref
         kl = 0.5 * d * d
         dkl = d
-    else:
+    elif KL_EST == 3:
         u = ref - logp
         e = tl.exp(u)
         kl = (e - 1.0) - u  # e - 1 is exact for |u| < ln 2 (Sterbenz): no cancellation beyond it
         dkl = 1.0 - e
+    else:  # low_var_kl: u clamped to [-20, 20], the estimate to [-10, 10]; torch.clamp's gradient convention
+        u = ref - logp
+        inside = (u >= -20.0) & (u <= 20.0)
+        uc = _clip(u, -20.0, 20.0)
+        e = tl.exp(uc)
+        k3 = (e - 1.0) - uc
+        dkl = tl.where(inside & (k3 >= -10.0) & (k3 <= 10.0), 1.0 - e, 0.0)
+        kl = _clip(k3, -10.0, 10.0)
     return kl, dkl
 
 
@@ -96,15 +109,21 @@ def _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP: tl.constexpr, HAS_REF: tl.
 
 @triton.jit
 def _policy_token(logp, old, adv, ref, ent, roll, active,
-                  clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+                  clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
                   CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr, KL_EST: tl.constexpr,
-                  HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr):
+                  HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, TIS_PG: tl.constexpr,
+                  HAS_LR_CLAMP: tl.constexpr):
     """Per-token loss l and its derivatives of one tile; `active` comes back with TIS masking applied.
 
-    Returns (l, dl/dlogp, dl/dentropy, active, clipped, ratio). Inactive lanes hold 0 in l and the
-    derivatives (tl.where, so that NaN / inf in padding never leaks).
+    Returns (l, dl/dlogp, dl/dentropy, active, clipped, ratio, log_ratio). Inactive lanes hold 0 in l
+    and the derivatives (tl.where, so that NaN / inf in padding never leaks). With HAS_LR_CLAMP the
+    log-ratio is clamped to [-lr_clamp, lr_clamp] before exp (no gradient through r beyond).
     """
-    ratio = tl.exp(logp - old)
+    log_ratio = logp - old
+    if HAS_LR_CLAMP:
+        dlr = ((log_ratio >= -lr_clamp) & (log_ratio <= lr_clamp)).to(tl.float32)
+        log_ratio = _clip(log_ratio, -lr_clamp, lr_clamp)
+    ratio = tl.exp(log_ratio)
     clipped_ratio = _clip(ratio, clip_lo, clip_hi)
     if CISPO:
         # -sg(clip(r)) * A * logp: the clipped ratio is a constant weight on the log-likelihood.
@@ -117,12 +136,27 @@ def _policy_token(logp, old, adv, ref, ent, roll, active,
         clipped_term = -adv * clipped_ratio
         clipped = clipped_term > unclipped
         pg = tl.where(clipped, clipped_term, unclipped)
+        if HAS_LR_CLAMP:
+            unclipped = unclipped * dlr
         dpg = tl.where(clipped, 0.0, unclipped)
         if DUAL_CLIP:
             dual_term = -adv * dual_c
             dual = (adv < 0.0) & (dual_term < pg)
             pg = tl.where(dual, dual_term, pg)
             dpg = tl.where(dual, 0.0, dpg)
+    tis = tl.full(pg.shape, 1.0, tl.float32)
+    if TIS_MODE == 1:  # truncate: a constant weight min(w, cap)
+        w = tl.exp(old - roll)
+        tis = tl.where(w > tis_cap, tis_cap, w)
+    elif TIS_MODE == 2:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
+        w = tl.exp(old - roll)
+        active = active & (w <= tis_cap)
+    elif TIS_MODE == 3:  # the caller's per-token weights (roll holds them)
+        tis = roll
+    if TIS_MODE == 1 or TIS_MODE == 3:
+        if TIS_PG:  # the weight on the policy term only (the KL and entropy terms unweighted)
+            pg = pg * tis
+            dpg = dpg * tis
     loss = pg
     dloss = dpg
     if HAS_KL:
@@ -132,19 +166,15 @@ def _policy_token(logp, old, adv, ref, ent, roll, active,
     if HAS_ENTROPY:
         loss = loss - ent_coef * ent
     dent = tl.full(loss.shape, 0.0, tl.float32) - ent_coef
-    if TIS_MODE == 1:  # truncate: a constant weight min(w, cap) on the whole token loss
-        w = tl.exp(old - roll)
-        tis = tl.where(w > tis_cap, tis_cap, w)
-        loss = loss * tis
-        dloss = dloss * tis
-        dent = dent * tis
-    elif TIS_MODE == 2:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
-        w = tl.exp(old - roll)
-        active = active & (w <= tis_cap)
+    if TIS_MODE == 1 or TIS_MODE == 3:
+        if not TIS_PG:  # the weight on the whole token loss
+            loss = loss * tis
+            dloss = dloss * tis
+            dent = dent * tis
     loss = tl.where(active, loss, 0.0)
     dloss = tl.where(active, dloss, 0.0)
     dent = tl.where(active, dent, 0.0)
-    return loss, dloss, dent, active, clipped & active, ratio
+    return loss, dloss, dent, active, clipped & active, ratio, log_ratio
 
 
 # ---- ratio_kl kernels ----
@@ -225,10 +255,10 @@ def _policy_tile(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_pt
 
 @triton.jit
 def _policy_tile_sums(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
-                      clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+                      clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
                       ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
                       KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr,
-                      BLOCK_T: tl.constexpr):
+                      TIS_PG: tl.constexpr, HAS_LR_CLAMP: tl.constexpr, BLOCK_T: tl.constexpr):
     """One tile of a row: stores its per-token loss and returns the tile's reductions (each one
     tl.sum / min / max tree over BLOCK_T lanes): loss sum, active count, clipped count, approx_kl
     (k3 of old vs current) sum, ratio sum, ratio min, ratio max. Both row-sum paths call this."""
@@ -238,19 +268,20 @@ def _policy_tile_sums(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, ro
     active, logp, old, adv, ref, ent, roll = _policy_tile(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
         ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
-    loss, _dl, _de, active, clipped, ratio = _policy_token(
-        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+    loss, _dl, _de, active, clipped, ratio, log_ratio = _policy_token(
+        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
+        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, TIS_PG, HAS_LR_CLAMP)
     tl.store(per_token_ptr + p, loss, mask=inb)
-    u = old - logp
+    u = -log_ratio  # old - logp, bitwise (negation is exact), clamped when the log-ratio is
     k3 = (tl.exp(u) - 1.0) - u
     return (tl.sum(loss, 0), tl.sum(active.to(tl.int32), 0), tl.sum(clipped.to(tl.int32), 0),
             tl.sum(tl.where(active, k3, 0.0), 0), tl.sum(tl.where(active, ratio, 0.0), 0),
-            tl.min(tl.where(active, ratio, float("inf")), 0), tl.max(tl.where(active, ratio, float("-inf")), 0))
+            tl.min(tl.where(active, ratio, float("inf")), 0), tl.max(tl.where(active, ratio, float("-inf")), 0),
+            tl.sum(tl.where(active, u, 0.0), 0))
 
 
 @triton.jit
-def _store_row_stats(out, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min, ratio_max, mask):
+def _store_row_stats(out, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min, ratio_max, k1_sum, mask):
     """A row's ROW_STATS columns (counts as exact fp32); mask None for one scalar row."""
     n = n_active.to(tl.float32)
     tl.store(out + 0, loss_sum, mask=mask)
@@ -261,14 +292,16 @@ def _store_row_stats(out, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, rati
     tl.store(out + 5, ratio_min, mask=mask)
     tl.store(out + 6, ratio_max, mask=mask)
     tl.store(out + 7, tl.where(n_active > 0, loss_sum / tl.maximum(n, 1.0), 0.0), mask=mask)
+    tl.store(out + 8, k1_sum, mask=mask)
 
 
-@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_rows_kernel(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
-    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
     ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, TIS_PG: tl.constexpr,
+    HAS_LR_CLAMP: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     loss_sum = tl.zeros((), tl.float32)
@@ -276,40 +309,43 @@ def _policy_loss_rows_kernel(
     ratio_sum = tl.zeros((), tl.float32)
     ratio_min = tl.full((), float("inf"), tl.float32)
     ratio_max = tl.full((), float("-inf"), tl.float32)
+    k1_sum = tl.zeros((), tl.float32)
     n_active = tl.zeros((), tl.int32)
     n_clipped = tl.zeros((), tl.int32)
     for tile in range(0, tl.cdiv(T, BLOCK_T)):  # the fixed tile order of the row sums
-        t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max = _policy_tile_sums(
+        t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max, t_k1 = _policy_tile_sums(
             logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
-            clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-            ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, BLOCK_T)
+            clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
+            ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, TIS_PG, HAS_LR_CLAMP, BLOCK_T)
         loss_sum += t_loss
+        k1_sum += t_k1
         n_active += t_act
         n_clipped += t_clip
         kl_sum += t_kl
         ratio_sum += t_ratio
         ratio_min = tl.minimum(ratio_min, t_min)
         ratio_max = tl.maximum(ratio_max, t_max)
-    _store_row_stats(row_stats_ptr + row * 8, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min,
-                     ratio_max, None)
+    _store_row_stats(row_stats_ptr + row * 9, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, ratio_min,
+                     ratio_max, k1_sum, None)
 
 
-@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_tiles_kernel(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, tile_stats_ptr,
-    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
     ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, TIS_PG: tl.constexpr,
+    HAS_LR_CLAMP: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     # The rows kernel's loop body as one program per (row, tile), its reductions written per tile
     # for _policy_loss_fold_kernel (counts < 2^24: exact in fp32).
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max = _policy_tile_sums(
+    t_loss, t_act, t_clip, t_kl, t_ratio, t_min, t_max, t_k1 = _policy_tile_sums(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row, tile, T,
-        clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-        ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, BLOCK_T)
-    out = tile_stats_ptr + (row * tl.num_programs(1) + tile) * 8
+        clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
+        ADV_PER_ROW, CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, TIS_PG, HAS_LR_CLAMP, BLOCK_T)
+    out = tile_stats_ptr + (row * tl.num_programs(1) + tile) * 9
     tl.store(out + 0, t_loss)
     tl.store(out + 1, t_act.to(tl.float32))
     tl.store(out + 2, t_clip.to(tl.float32))
@@ -317,6 +353,7 @@ def _policy_loss_tiles_kernel(
     tl.store(out + 4, t_ratio)
     tl.store(out + 5, t_min)
     tl.store(out + 6, t_max)
+    tl.store(out + 8, t_k1)
 
 
 @triton.jit(do_not_specialize=["B", "n_tiles"])
@@ -332,9 +369,10 @@ def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B:
     ratio_max = tl.full((BLOCK_B,), float("-inf"), tl.float32)
     n_active = tl.zeros((BLOCK_B,), tl.int32)
     n_clipped = tl.zeros((BLOCK_B,), tl.int32)
-    base = tile_stats_ptr + rows.to(tl.int64) * n_tiles * 8
+    k1_sum = tl.zeros((BLOCK_B,), tl.float32)
+    base = tile_stats_ptr + rows.to(tl.int64) * n_tiles * 9
     for tile in range(0, n_tiles):
-        st = base + tile * 8
+        st = base + tile * 9
         loss_sum += tl.load(st + 0, mask=ok, other=0.0)
         n_active += tl.load(st + 1, mask=ok, other=0.0).to(tl.int32)
         n_clipped += tl.load(st + 2, mask=ok, other=0.0).to(tl.int32)
@@ -342,8 +380,9 @@ def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B:
         ratio_sum += tl.load(st + 4, mask=ok, other=0.0)
         ratio_min = tl.minimum(ratio_min, tl.load(st + 5, mask=ok, other=float("inf")))
         ratio_max = tl.maximum(ratio_max, tl.load(st + 6, mask=ok, other=float("-inf")))
-    _store_row_stats(row_stats_ptr + rows.to(tl.int64) * 8, loss_sum, n_active, n_clipped, kl_sum, ratio_sum,
-                     ratio_min, ratio_max, ok)
+        k1_sum += tl.load(st + 8, mask=ok, other=0.0)
+    _store_row_stats(row_stats_ptr + rows.to(tl.int64) * 9, loss_sum, n_active, n_clipped, kl_sum, ratio_sum,
+                     ratio_min, ratio_max, k1_sum, ok)
 
 
 @triton.jit(do_not_specialize=["B", "normalizer"])
@@ -357,6 +396,7 @@ def _policy_loss_batch_kernel(
     token_mean_sum = tl.zeros((), tl.float32)
     kl_sum = tl.zeros((), tl.float32)
     ratio_sum = tl.zeros((), tl.float32)
+    k1_sum = tl.zeros((), tl.float32)
     ratio_min = tl.full((), float("inf"), tl.float32)
     ratio_max = tl.full((), float("-inf"), tl.float32)
     n_tokens = tl.zeros((), tl.int32)
@@ -365,7 +405,7 @@ def _policy_loss_batch_kernel(
     for tile in range(0, tl.cdiv(B, BLOCK_B)):  # the fixed tile order of the batch sums
         rows = tile * BLOCK_B + lanes
         inb = rows < B
-        st = row_stats_ptr + rows.to(tl.int64) * 8
+        st = row_stats_ptr + rows.to(tl.int64) * 9
         n = tl.load(st + 1, mask=inb, other=0.0)
         has = n > 0.0
         loss_sum += tl.sum(tl.load(st + 0, mask=inb, other=0.0), 0)
@@ -377,6 +417,7 @@ def _policy_loss_batch_kernel(
         ratio_min = tl.minimum(ratio_min, tl.min(tl.load(st + 5, mask=inb & has, other=float("inf")), 0))
         ratio_max = tl.maximum(ratio_max, tl.max(tl.load(st + 6, mask=inb & has, other=float("-inf")), 0))
         token_mean_sum += tl.sum(tl.load(st + 7, mask=inb, other=0.0), 0)
+        k1_sum += tl.sum(tl.load(st + 8, mask=inb, other=0.0), 0)
 
     if HAS_NORMALIZER:
         if NORMALIZER_FROM_PTR:
@@ -406,11 +447,12 @@ def _policy_loss_batch_kernel(
     tl.store(diag_ptr + 2, tl.where(has_tok, ratio_sum / n_tok, 0.0))
     tl.store(diag_ptr + 3, tl.where(has_tok, ratio_min, 0.0))
     tl.store(diag_ptr + 4, tl.where(has_tok, ratio_max, 0.0))
+    tl.store(diag_ptr + 5, tl.where(has_tok, k1_sum / n_tok, 0.0))
 
     for tile in range(0, tl.cdiv(B, BLOCK_B)):  # d loss / d l_t of each row's active tokens
         rows = tile * BLOCK_B + lanes
         inb = rows < B
-        n = tl.load(row_stats_ptr + rows.to(tl.int64) * 8 + 1, mask=inb, other=0.0)
+        n = tl.load(row_stats_ptr + rows.to(tl.int64) * 9 + 1, mask=inb, other=0.0)
         if AGG == 2:
             w = inv_den / tl.maximum(n, 1.0)
         else:
@@ -418,14 +460,15 @@ def _policy_loss_batch_kernel(
         tl.store(row_weight_ptr + rows, tl.where(n > 0.0, w, 0.0), mask=inb)
 
 
-@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap"])
+@triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_bwd_kernel(
     grad_loss_ptr, grad_token_ptr, row_weight_ptr,
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, grad_logp_ptr, grad_ent_ptr,
-    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
+    T, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
     HAS_TOKEN_GRAD: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr,
     ADV_PER_ROW: tl.constexpr, CISPO: tl.constexpr, DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, BLOCK_T: tl.constexpr,
+    KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr, TIS_PG: tl.constexpr,
+    HAS_LR_CLAMP: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -434,9 +477,9 @@ def _policy_loss_bwd_kernel(
     active, logp, old, adv, ref, ent, roll = _policy_tile(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, row, p, inb,
         ADV_PER_ROW, HAS_KL, HAS_ENTROPY, TIS_MODE, BLOCK_T)
-    _l, dloss, dent, active, _c, _r = _policy_token(
-        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap,
-        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
+    _l, dloss, dent, active, _c, _r, _lr = _policy_token(
+        logp, old, adv, ref, ent, roll, active, clip_lo, clip_hi, dual_c, kl_coef, ent_coef, tis_cap, lr_clamp,
+        CISPO, DUAL_CLIP, HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE, TIS_PG, HAS_LR_CLAMP)
     up = tl.load(grad_loss_ptr) * tl.load(row_weight_ptr + row)
     if HAS_TOKEN_GRAD:
         up = up + tl.load(grad_token_ptr + p, mask=inb, other=0.0)
@@ -484,23 +527,28 @@ def launch_ratio_kl_backward(g_lr, g_ratio, g_kl, logp, old_logp, ref_logp, mask
     return grad
 
 
-def _token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap):
+def _token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp):
     return (float(clip_low), float(clip_high), float(dual_clip_c) if dual_clip_c is not None else 0.0,
-            float(kl_coef), float(entropy_coef), float(tis_cap) if tis_cap is not None else 0.0)
+            float(kl_coef), float(entropy_coef), float(tis_cap) if tis_cap is not None else 0.0,
+            float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0)
 
 
-def _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode):
+def _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                 log_ratio_clamp):
     return dict(ADV_PER_ROW=advantages.dim() == 1, CISPO=loss_type == "cispo", DUAL_CLIP=dual_clip_c is not None,
                 HAS_KL=ref_logp is not None, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=entropy is not None,
-                TIS_MODE=TIS_MODES[tis_mode])
+                TIS_MODE=TIS_MODES[tis_mode], TIS_PG=TIS_SCOPES[tis_scope] == 1,
+                HAS_LR_CLAMP=log_ratio_clamp is not None)
 
 
 def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
                                normalizer_tensor, normalizer, loss_type, aggregation, clip_low, clip_high,
-                               dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap):
-    """Returns (loss [], per_token_loss [B, T], diagnostics [5], row_weight [B]), all fp32.
+                               dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap,
+                               tis_scope="loss", log_ratio_clamp=None):
+    """Returns (loss [], per_token_loss [B, T], diagnostics [6], row_weight [B]), all fp32.
 
-    ref_logp / entropy / rollout_logp are None when their term is off (the wrapper decides).
+    ref_logp / entropy / rollout_logp are None when their term is off (the wrapper decides); with
+    tis_mode "weights", rollout_logp holds the caller's per-token importance weights.
     """
     B, T = logp.shape
     dev = logp.device
@@ -514,8 +562,9 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
     cfg = config("rl_policy_loss_rows", dev)
     inputs = (logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
               entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp)
-    token = (*_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),)
-    flags = _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode)
+    token = (*_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp),)
+    flags = _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                         log_ratio_clamp)
     n_tiles = triton.cdiv(T, cfg.block_v)
     if config("rl_policy_loss_split", dev).block_v and n_tiles > 0:
         # (row, tile) programs, then an in-order fold per row: the rows kernel's bits, B x tiles
@@ -547,7 +596,8 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
 
 def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask,
                                 ref_logp, entropy, rollout_logp, loss_type, clip_low, clip_high, dual_clip_c,
-                                kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap, with_entropy_grad):
+                                kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap, with_entropy_grad,
+                                tis_scope="loss", log_ratio_clamp=None):
     """Returns (d logp [B, T], d entropy [B, T] or [0]); grad_per_token may be None (no upstream)."""
     B, T = logp.shape
     grad_logp = torch.empty_like(logp)
@@ -560,9 +610,10 @@ def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old
         logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
         entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
         grad_logp, grad_ent if with_entropy_grad else grad_logp, T,
-        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap),
+        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp),
         HAS_TOKEN_GRAD=grad_per_token is not None, WITH_ENTROPY_GRAD=with_entropy_grad,
-        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode),
+        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                       log_ratio_clamp),
         BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return grad_logp, grad_ent
@@ -624,11 +675,13 @@ def policy_loss_fwd(
     ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor], rollout_logp: Optional[torch.Tensor],
     normalizer_tensor: Optional[torch.Tensor], normalizer: Optional[float], loss_type: str, aggregation: str,
     clip_low: float, clip_high: float, dual_clip_c: Optional[float], kl_coef: float, kl_estimator: str,
-    entropy_coef: float, tis_mode: str, tis_cap: Optional[float],
+    entropy_coef: float, tis_mode: str, tis_cap: Optional[float], tis_scope: str = "loss",
+    log_ratio_clamp: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
                                       normalizer_tensor, normalizer, loss_type, aggregation, clip_low, clip_high,
-                                      dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap)
+                                      dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap,
+                                      tis_scope, log_ratio_clamp)
 
 
 @policy_loss_fwd.register_fake
@@ -644,21 +697,23 @@ def policy_loss_bwd(
     ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor], rollout_logp: Optional[torch.Tensor],
     loss_type: str, clip_low: float, clip_high: float, dual_clip_c: Optional[float], kl_coef: float,
     kl_estimator: str, entropy_coef: float, tis_mode: str, tis_cap: Optional[float], with_entropy_grad: bool,
+    tis_scope: str = "loss", log_ratio_clamp: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask,
                                        ref_logp, entropy, rollout_logp, loss_type, clip_low, clip_high,
                                        dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap,
-                                       with_entropy_grad)
+                                       with_entropy_grad, tis_scope, log_ratio_clamp)
 
 
 @policy_loss_bwd.register_fake
-def _(grad_loss, grad_per_token, row_weight, logp, *rest):
-    with_entropy_grad = rest[-1]
+def _(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
+      loss_type, clip_low, clip_high, dual_clip_c, kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap,
+      with_entropy_grad, tis_scope="loss", log_ratio_clamp=None):
     return torch.empty_like(logp), torch.empty_like(logp) if with_entropy_grad else logp.new_empty(0)
 
 
 _POLICY_PARAMS = ("normalizer", "loss_type", "aggregation", "clip_low", "clip_high", "dual_clip_c", "kl_coef",
-                  "kl_estimator", "entropy_coef", "tis_mode", "tis_cap")
+                  "kl_estimator", "entropy_coef", "tis_mode", "tis_cap", "tis_scope", "log_ratio_clamp")
 
 
 def _policy_setup_context(ctx, inputs, output):
@@ -678,7 +733,7 @@ def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weigh
         grad_loss.contiguous(), None if grad_per_token is None else grad_per_token.contiguous(), row_weight,
         logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, p["loss_type"], p["clip_low"],
         p["clip_high"], p["dual_clip_c"], p["kl_coef"], p["kl_estimator"], p["entropy_coef"], p["tis_mode"],
-        p["tis_cap"], with_entropy_grad,
+        p["tis_cap"], with_entropy_grad, p["tis_scope"], p["log_ratio_clamp"],
     )
     n_inputs = 8 + len(_POLICY_PARAMS)
     grads = [None] * n_inputs

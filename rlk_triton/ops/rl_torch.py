@@ -87,6 +87,9 @@ def _kl(logp, ref, estimator):
     if estimator == "k2":
         return 0.5 * (logp - ref) ** 2
     u = ref - logp
+    if estimator == "low_var_kl":  # u and the estimate clamped (torch.clamp: no gradient beyond)
+        u = torch.clamp(u, -20.0, 20.0)
+        return torch.clamp((torch.exp(u) - 1.0) - u, -10.0, 10.0)
     return (torch.exp(u) - 1.0) - u
 
 
@@ -106,14 +109,18 @@ def ratio_kl(logp, old_logp, ref_logp, mask_u8, kl_estimator, log_ratio_clamp):
 
 def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_logp, normalizer_tensor,
                 normalizer, loss_type, aggregation, clip_low, clip_high, dual_clip_c, kl_coef, kl_estimator,
-                entropy_coef, tis_mode, tis_cap):
-    """(loss [], per_token_loss [B, T], diagnostics [5]) fp32; same arguments as ops.rl_losses.policy_loss_fwd
-    (ref_logp / entropy / rollout_logp are None when their term is off)."""
+                entropy_coef, tis_mode, tis_cap, tis_scope="loss", log_ratio_clamp=None):
+    """(loss [], per_token_loss [B, T], diagnostics [6]) fp32; same arguments as ops.rl_losses.policy_loss_fwd
+    (ref_logp / entropy / rollout_logp are None when their term is off; rollout_logp holds the weights
+    in tis_mode "weights")."""
     active = mask_u8 != 0
     lp = _safe(logp, active)
     old = _const(old_logp, active)
     adv = _const(advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages, active)
-    ratio = torch.exp(lp - old)
+    log_ratio = lp - old
+    if log_ratio_clamp is not None:
+        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)  # gradient passes at the bounds
+    ratio = torch.exp(log_ratio)
     cr = torch.clamp(ratio, clip_low, clip_high)
     if loss_type == "cispo":
         weight = -(cr.detach() * adv)  # -sg(clip(r)) A: a constant weight on logp
@@ -126,17 +133,24 @@ def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_
         if dual_clip_c is not None:
             dual_term = -adv * dual_clip_c
             pg = torch.where((adv < 0) & (dual_term < pg), dual_term, pg)
+    tis = None
+    if tis_mode == "weights":
+        tis = _const(rollout_logp, active)
+    elif tis_mode != "none":
+        w = torch.exp(old - _const(rollout_logp, active))
+        if tis_mode == "truncate":
+            tis = torch.clamp(w, max=tis_cap)
+        else:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
+            active = active & (w <= tis_cap)
+    if tis is not None and tis_scope == "pg":
+        pg = pg * tis
     loss = pg
     if ref_logp is not None:
         loss = loss + kl_coef * _kl(lp, _const(ref_logp, active), kl_estimator)
     if entropy is not None:
         loss = loss - entropy_coef * _safe(entropy, active)
-    if tis_mode != "none":
-        w = torch.exp(old - _const(rollout_logp, active))
-        if tis_mode == "truncate":
-            loss = loss * torch.clamp(w, max=tis_cap)
-        else:  # mask: tokens whose weight exceeds the cap are dropped, as if masked
-            active = active & (w <= tis_cap)
+    if tis is not None and tis_scope != "pg":
+        loss = loss * tis
     loss = torch.where(active, loss, 0.0)
     clipped = clipped & active
 
@@ -158,7 +172,7 @@ def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_
 
     with torch.no_grad():
         r = ratio.detach()
-        u = old - lp.detach()
+        u = -log_ratio.detach()
         k3 = (torch.exp(u) - 1.0) - u
         n_clip = clipped.sum().to(F64)
         diag = torch.stack([
@@ -167,17 +181,22 @@ def policy_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_
             _div0(batch_sum(row_sums(torch.where(active, r, 0.0))), n_tokens),
             torch.where(n_tokens > 0, torch.where(active, r, torch.inf).amin() if r.numel() else n_tokens, 0.0),
             torch.where(n_tokens > 0, torch.where(active, r, -torch.inf).amax() if r.numel() else n_tokens, 0.0),
+            _div0(batch_sum(row_sums(torch.where(active, u, 0.0))), n_tokens),
         ])
     return total.to(torch.float32), loss.to(torch.float32), diag.to(torch.float32)
 
 
 def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_logp, clip_low, clip_high, normalizer,
-              kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap):
-    """(loss [], sequence_loss [B], diagnostics [5]) fp32; same arguments as ops.gspo.gspo_loss_fwd
-    (ref_logp / entropy / rollout_logp are None when their term is off)."""
+              kl_coef, kl_estimator, entropy_coef, tis_mode, tis_cap, aggregation="seq-mean-token-mean",
+              tis_scope="loss"):
+    """(loss [], sequence_loss [B], diagnostics [6]) fp32; same arguments as ops.gspo.gspo_loss_fwd
+    (ref_logp / entropy / rollout_logp are None when their term is off; rollout_logp holds the weights
+    in tis_mode "weights")."""
     active = mask_u8 != 0
     tis = None
-    if tis_mode != "none":
+    if tis_mode == "weights":
+        tis = _const(rollout_logp, active)
+    elif tis_mode != "none":
         w = torch.exp(_const(old_logp, active) - _const(rollout_logp, active))
         if tis_mode == "truncate":
             tis = torch.clamp(w, max=tis_cap)
@@ -187,7 +206,8 @@ def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_lo
     n = active.sum(1).to(F64)
     has = n > 0
     n1 = torch.clamp(n, min=1.0)
-    s = torch.exp(row_sums(lp - old) / n1)
+    lr_sum = row_sums(lp - old)
+    s = torch.exp(lr_sum / n1)
     a = advantages.detach().to(F64)
     cs = torch.clamp(s, clip_low, clip_high)
     unclipped = -a * s >= -a * cs
@@ -203,13 +223,17 @@ def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_lo
             extra = extra + kl_coef * _kl(lp, _const(ref_logp, active), kl_estimator)
         if entropy is not None:
             extra = extra - entropy_coef * _safe(entropy, active)
-        if tis is not None:
+        if tis is not None and tis_scope != "pg":
             extra = tis * extra
         terms = terms + row_sums(torch.where(active, extra, 0.0)) / n1
     terms = torch.where(has, terms, 0.0)
     seqs = has.sum().to(F64)
-    den = seqs if normalizer is None else torch.tensor(float(normalizer), dtype=F64, device=logp.device)
-    total = _div0(batch_sum(terms), den)
+    if normalizer is not None:
+        den = torch.tensor(float(normalizer), dtype=F64, device=logp.device)
+    else:
+        den = n.sum() if aggregation == "token-mean" else seqs
+    f = terms if aggregation == "seq-mean-token-mean" else n * terms
+    total = _div0(batch_sum(f), den)
     with torch.no_grad():
         sd = s.detach()
         u = old - lp.detach()
@@ -220,6 +244,7 @@ def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_lo
             _div0(batch_sum(torch.where(has, sd, 0.0)), seqs),
             torch.where(seqs > 0, torch.where(has, sd, torch.inf).amin() if sd.numel() else seqs, 0.0),
             torch.where(seqs > 0, torch.where(has, sd, -torch.inf).amax() if sd.numel() else seqs, 0.0),
+            _div0(-batch_sum(lr_sum.detach()), n.sum()),
         ])
     return total.to(torch.float32), terms.to(torch.float32), diag.to(torch.float32)
 

@@ -42,7 +42,7 @@ import torch
 from .. import contracts
 from .._runtime import arch_of
 from ..losses import gspo_loss, policy_loss, ratio_kl
-from ..reference.losses import (aggregation_weights, gspo_grad_reference, gspo_reference, gspo_terms,
+from ..reference.losses import (aggregation_weights, gspo_grad_reference, gspo_reference, gspo_row_weights, gspo_terms,
                                 policy_loss_grad_reference, policy_loss_reference, policy_loss_terms,
                                 ratio_kl_grad_reference, ratio_kl_reference)
 from .invariance import RowOp
@@ -95,7 +95,8 @@ def policy_kwargs(inputs, spec):
     """(kwargs for rlk_triton.losses.policy_loss, kwargs for the float64 reference) of one case.
 
     spec keys: loss_type, aggregation, normalizer, eps_high, dual_clip_c, kl_coef, kl_estimator,
-    entropy_coef, tis_mode ("truncate" / "mask" / None)."""
+    entropy_coef, tis_mode ("truncate" / "mask" / None), is_weights (True: seeded weights in [0, 2)),
+    tis_scope, log_ratio_clamp."""
     ours = {"loss_type": spec.get("loss_type", "ppo"), "eps_low": EPS_LOW, "eps_high": spec.get("eps_high"),
             "dual_clip_c": spec.get("dual_clip_c"), "aggregation": spec.get("aggregation", "token-mean"),
             "normalizer": spec.get("normalizer")}
@@ -105,8 +106,18 @@ def policy_kwargs(inputs, spec):
         ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
     if spec.get("tis_mode"):
         ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
+    if spec.get("is_weights"):
+        ours["is_weights"] = seeded_weights(inputs["logp"].shape, inputs["logp"].device)
+    for key in ("tis_scope", "log_ratio_clamp"):
+        if spec.get(key) is not None:
+            ours[key] = spec[key]
     ref = {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
     return ours, ref
+
+
+def seeded_weights(shape, device, seed=7):
+    """fp32 importance weights in [0, 2) (a fixed seed): the is_weights of the parity cases."""
+    return (2 * torch.rand(shape, generator=torch.Generator().manual_seed(seed))).to(device)
 
 
 def _np(x):
@@ -116,10 +127,16 @@ def _np(x):
 # ---- error scales and sensitivities (the contract's definitions; see the module docstring) ----
 
 def _kscale(u, estimator):
+    if estimator == "low_var_kl":  # k3 on the clamped u
+        u = np.clip(u, -20.0, 20.0)
+        estimator = "k3"
     return {"k1": np.abs(u), "k2": u * u, "k3": np.exp(u) + np.abs(u) + 1.0}[estimator]
 
 
 def _dkscale(u, estimator):
+    if estimator == "low_var_kl":
+        u = np.clip(u, -20.0, 20.0)
+        estimator = "k3"
     return {"k1": np.ones_like(u), "k2": np.abs(u), "k3": 1.0 + np.exp(u) * (1.0 + np.abs(u))}[estimator]
 
 
@@ -128,6 +145,8 @@ def _policy_pieces(x, ref_kw):
     logp, old = x["logp"], x["old_logp"]
     adv = x["advantages"] if x["advantages"].ndim == 2 else np.broadcast_to(x["advantages"][:, None], logp.shape)
     lr = logp - old
+    if ref_kw.get("log_ratio_clamp") is not None:
+        lr = np.clip(lr, -ref_kw["log_ratio_clamp"], ref_kw["log_ratio_clamp"])
     r = np.exp(lr)
     eps_high = EPS_LOW if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
     cr = np.clip(r, 1 - EPS_LOW, 1 + eps_high)
@@ -143,11 +162,15 @@ def _policy_pieces(x, ref_kw):
         dkl_s = abs(ref_kw["kl_coef"]) * _dkscale(u, est)
     ent_s = abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
     tis_s = 1.0
-    if ref_kw.get("tis_mode") == "truncate":
+    if ref_kw.get("is_weights") is not None:
+        tis_s = np.abs(ref_kw["is_weights"])
+    elif ref_kw.get("tis_mode") == "truncate":
         lw = old - x["rollout_logp"]
         tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
+    # the weight on the policy term only (tis_scope "pg"), or on the whole token loss
+    pg_w, rest_w = (tis_s, 1.0) if ref_kw.get("tis_scope") == "pg" else (1.0, tis_s)
     return {"rr": rr, "pg": pg_s, "dpg": dpg_s, "kl": kl_s, "dkl": dkl_s, "ent": ent_s, "tis": tis_s,
-            "k3_old": np.exp(old - logp) + np.abs(old - logp) + 1.0}
+            "pg_w": pg_w, "rest_w": rest_w, "k3_old": np.exp(-lr) + np.abs(lr) + 1.0, "k1_old": np.abs(lr)}
 
 
 def _mean_over(values, active):
@@ -158,19 +181,20 @@ def _mean_over(values, active):
 def policy_forward_scales(x, ref_kw, terms, weights):
     p = _policy_pieces(x, ref_kw)
     active = terms["active"]
-    tok = np.where(active, p["tis"] * (p["pg"] + p["kl"] + p["ent"]) + np.abs(terms["loss"]), 0.0)
+    tok = np.where(active, p["rest_w"] * (p["pg_w"] * p["pg"] + p["kl"] + p["ent"]) + np.abs(terms["loss"]), 0.0)
     rr_max = float(p["rr"][active].max()) if active.any() else 0.0
     return {"per_token_loss": tok, "loss": float((weights * tok).sum()),
             "clipfrac": 1.0 if active.any() else 0.0, "approx_kl": _mean_over(p["k3_old"], active),
-            "ratio_mean": _mean_over(p["rr"], active), "ratio_min": rr_max, "ratio_max": rr_max}
+            "ratio_mean": _mean_over(p["rr"], active), "ratio_min": rr_max, "ratio_max": rr_max,
+            "ppo_kl": _mean_over(p["k1_old"], active)}
 
 
 def policy_grad_sensitivity(x, ref_kw, terms, weights, grad_loss, grad_tokens):
     p = _policy_pieces(x, ref_kw)
     up = np.abs(grad_loss * weights) + (0.0 if grad_tokens is None else np.abs(grad_tokens))
     active = terms["active"]
-    d_logp = np.where(active, up * p["tis"] * (p["dpg"] + p["dkl"]), 0.0)
-    d_ent = np.where(active, up * p["tis"] * abs(ref_kw.get("entropy_coef", 0.0)), 0.0)
+    d_logp = np.where(active, up * p["rest_w"] * (p["pg_w"] * p["dpg"] + p["dkl"]), 0.0)
+    d_ent = np.where(active, up * p["rest_w"] * abs(ref_kw.get("entropy_coef", 0.0)), 0.0)
     return d_logp, d_ent
 
 
@@ -292,6 +316,12 @@ GSPO_FEATURES = {
     "tis_truncate": {"tis_mode": "truncate"},
     "tis_mask": {"tis_mode": "mask"},
     "everything": {"kl_coef": 0.1, "entropy_coef": 0.01, "tis_mode": "truncate"},
+    "low_var_kl": {"kl_coef": 0.1, "kl_estimator": "low_var_kl"},
+    "tis_pg": {"kl_coef": 0.1, "entropy_coef": 0.01, "tis_mode": "truncate", "tis_scope": "pg"},
+    "is_weights": {"kl_coef": 0.1, "entropy_coef": 0.01, "is_weights": True},
+    "is_weights_pg": {"kl_coef": 0.1, "entropy_coef": 0.01, "is_weights": True, "tis_scope": "pg"},
+    "token_mean": {"kl_coef": 0.1, "tis_mode": "truncate", "aggregation": "token-mean"},
+    "token_sum": {"entropy_coef": 0.01, "aggregation": "seq-mean-token-sum"},
 }
 
 
@@ -315,21 +345,27 @@ def gspo_inputs(B, T, seed, device, spread=1e-3, p_active=0.8, empty_rows=()):
 
 def gspo_kwargs(inputs, spec):
     """(kwargs for rlk_triton.losses.gspo_loss, kwargs for reference/losses.py's gspo_*) of one case.
-    spec keys: clip ("paper" / "ppo"), normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode."""
+    spec keys: clip ("paper" / "ppo"), normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode,
+    is_weights (True: seeded weights), tis_scope, aggregation."""
     eps_low, eps_high = GSPO_CLIPS[spec.get("clip", "paper")]
-    ours = {"eps_low": eps_low, "eps_high": eps_high, "normalizer": spec.get("normalizer")}
+    ours = {"eps_low": eps_low, "eps_high": eps_high, "normalizer": spec.get("normalizer"),
+            "aggregation": spec.get("aggregation", "seq-mean-token-mean")}
     if spec.get("kl_coef"):
         ours.update(ref_logp=inputs["ref_logp"], kl_coef=spec["kl_coef"], kl_estimator=spec.get("kl_estimator", "k3"))
     if spec.get("entropy_coef"):
         ours.update(entropy=inputs["entropy"], entropy_coef=spec["entropy_coef"])
     if spec.get("tis_mode"):
         ours.update(rollout_logp=inputs["rollout_logp"], tis_cap=TIS_CAP, tis_mode=spec["tis_mode"])
+    if spec.get("is_weights"):
+        ours["is_weights"] = seeded_weights(inputs["logp"].shape, inputs["logp"].device)
+    if spec.get("tis_scope"):
+        ours["tis_scope"] = spec["tis_scope"]
     return ours, {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
 
 
 def _gspo_pieces(x, mask, ref_kw):
     """Per-sequence and per-token pieces of the GSPO scales (see above), float64."""
-    kw = {k: v for k, v in ref_kw.items() if k != "normalizer"}
+    kw = {k: v for k, v in ref_kw.items() if k not in ("normalizer", "aggregation")}
     t = gspo_terms(x["logp"], x["old_logp"], x["advantages"], mask, **kw)
     active, n, has, s = t["active"], t["n"], t["has"], t["s"]
     n1 = np.maximum(n, 1.0)
@@ -338,9 +374,12 @@ def _gspo_pieces(x, mask, ref_kw):
     cs = np.clip(s, 1 - ref_kw["eps_low"], 1 + ref_kw["eps_high"])
     unclipped = -a * s >= -a * cs
     tis_s = np.ones_like(x["logp"])
-    if ref_kw.get("tis_mode") == "truncate":
+    if ref_kw.get("is_weights") is not None:
+        tis_s = np.abs(ref_kw["is_weights"])
+    elif ref_kw.get("tis_mode") == "truncate":
         lw = x["old_logp"] - x["rollout_logp"]
         tis_s = np.minimum(np.exp(lw), TIS_CAP) * (1 + np.abs(lw))
+    rest_s = np.ones_like(tis_s) if ref_kw.get("tis_scope") == "pg" else tis_s
     tok_s = dtok_s = np.zeros_like(x["logp"])
     if ref_kw.get("kl_coef"):
         u = x["ref_logp"] - x["logp"]
@@ -349,12 +388,13 @@ def _gspo_pieces(x, mask, ref_kw):
     tok_s = tok_s + abs(ref_kw.get("entropy_coef", 0.0)) * np.abs(x["entropy"])
     z = lambda v: np.where(active, v, 0.0)  # noqa: E731
     pg_s = np.abs(a) * np.maximum(s, cs) * (1 + mag)
-    seq = np.where(has, z(tis_s * (pg_s[:, None] + tok_s)).sum(1) / n1, 0.0)
+    seq = np.where(has, z(tis_s * pg_s[:, None] + rest_s * tok_s).sum(1) / n1, 0.0)
     dpg_s = np.where(unclipped, np.abs(a) * s, 0.0) * (1 + mag)
     return {"t": t, "seq": seq, "ratio": np.where(has, s * (1 + mag), 0.0), "n1": n1,
-            "d_logp": z(tis_s * (dpg_s[:, None] + dtok_s)) / n1[:, None],
-            "d_entropy": z(tis_s * abs(ref_kw.get("entropy_coef", 0.0))) / n1[:, None],
-            "k3_old": np.exp(x["old_logp"] - x["logp"]) + np.abs(x["old_logp"] - x["logp"]) + 1.0}
+            "d_logp": z(tis_s * dpg_s[:, None] + rest_s * dtok_s) / n1[:, None],
+            "d_entropy": z(rest_s * abs(ref_kw.get("entropy_coef", 0.0))) / n1[:, None],
+            "k3_old": np.exp(x["old_logp"] - x["logp"]) + np.abs(x["old_logp"] - x["logp"]) + 1.0,
+            "k1_old": np.abs(x["old_logp"]) + np.abs(x["logp"])}
 
 
 def run_gspo(inputs, spec, grad_loss=1.3, grad_rows_seed=None, backend="triton"):
@@ -387,12 +427,11 @@ def judge_gspo(inputs, spec, device, grad_loss=1.3, grad_rows_seed=1, backend="t
     ours, ref, (x, mask, ref_kw, g_rows) = run_gspo(inputs, spec, grad_loss, grad_rows_seed, backend)
     p = _gspo_pieces(x, mask, ref_kw)
     has, active = p["t"]["has"], p["t"]["active"]
-    norm = ref_kw.get("normalizer")
-    den = float(has.sum()) if norm is None else float(norm)
-    w = 1.0 / den if den > 0 else 0.0
+    w = gspo_row_weights(has, p["t"]["n"], ref_kw.get("normalizer"), ref_kw.get("aggregation"))
     fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
     r_ext = float(p["ratio"].max(initial=0.0))
-    scales = {"gspo_loss": (float(p["seq"].sum() * w), "gspo_loss"),
+    scales = {"gspo_loss": (float((p["seq"] * w).sum()), "gspo_loss"),
+              "ppo_kl": (_mean_over(p["k1_old"], active), "ppo_kl"),
               "gspo_sequence_loss": (p["seq"], "gspo_sequence_loss"),
               "clipfrac": (1.0 if has.any() else 0.0, "clipfrac"),
               "approx_kl": (_mean_over(p["k3_old"], active), "approx_kl"),
@@ -401,7 +440,7 @@ def judge_gspo(inputs, spec, device, grad_loss=1.3, grad_rows_seed=1, backend="t
     out = {name: contracts.scaled_abs_ratio(np.atleast_1d(_np(ours[name])), np.atleast_1d(ref[name]),
                                             np.atleast_1d(sc), fwd[row]) for name, (sc, row) in scales.items()}
     bound = contracts.judgment(OP, torch.float32, "gradient_accuracy", arch)
-    up = np.abs(grad_loss * w * has) + (0.0 if g_rows is None else np.abs(g_rows))
+    up = np.abs(grad_loss * w) + (0.0 if g_rows is None else np.abs(g_rows))
     out["d_logp"] = contracts.rounding_plus_sensitivity_ratio(_np(ours["d_logp"]), ref["d_logp"],
                                                               up[:, None] * p["d_logp"], bound)
     if ours["d_entropy"] is not None:
@@ -424,6 +463,14 @@ FEATURES = {
     "no_upper_clip": {"eps_high": float("inf")},
     "everything": {"entropy_coef": 0.01, "tis_mode": "truncate", "dual_clip_c": DUAL_C, "kl_coef": 0.1,
                    "eps_high": EPS_HIGH},
+    # the framework conventions (rlk_triton.compat): KL clamped, TIS on the policy term, given weights,
+    # a clamped log-ratio
+    "low_var_kl": {"kl_coef": 0.1, "kl_estimator": "low_var_kl"},
+    "tis_pg": {"tis_mode": "truncate", "tis_scope": "pg", "kl_coef": 0.1, "entropy_coef": 0.01},
+    "is_weights": {"is_weights": True, "kl_coef": 0.1, "entropy_coef": 0.01},
+    "is_weights_pg": {"is_weights": True, "tis_scope": "pg", "kl_coef": 0.1, "entropy_coef": 0.01,
+                      "dual_clip_c": DUAL_C},
+    "log_ratio_clamp": {"log_ratio_clamp": CLAMP, "dual_clip_c": DUAL_C, "kl_coef": 0.05},
 }
 
 
