@@ -46,8 +46,9 @@ def gae_reference(rewards, values, mask, bootstrap=None, gamma=1.0, lam=1.0):
     return _gae(r, v, m, boot, float(gamma), float(lam))
 
 
-def group_advantages_reference(scores, group_ids, valid=None, mode="mean_std", eps=1e-6):
-    """(advantages, scale) float64 [B]; scale bounds the magnitudes the output is computed from."""
+def group_advantages_reference(scores, group_ids, valid=None, mode="mean_std", eps=1e-6, singleton="zero"):
+    """(advantages, scale) float64 [B]; scale bounds the magnitudes the output is computed from.
+    singleton "raw": a group of one has baseline 0 and std 1 (s, or s / (1 + eps) for mean_std)."""
     s = np.asarray(scores, np.float64)
     g = np.asarray(group_ids, np.int64)
     ok = np.ones(s.shape, bool) if valid is None else np.asarray(valid).astype(bool)
@@ -60,6 +61,9 @@ def group_advantages_reference(scores, group_ids, valid=None, mode="mean_std", e
         mean = x.mean()
         big = np.abs(x).max()
         if n == 1:
+            if singleton == "raw":
+                adv[idx] = x / (1.0 + eps) if mode == "mean_std" else x
+                scale[idx] = np.abs(x)
             continue
         if mode == "mean":
             adv[idx] = x - mean
@@ -76,21 +80,48 @@ def group_advantages_reference(scores, group_ids, valid=None, mode="mean_std", e
     return adv, scale
 
 
-def reinforce_pp_baseline_reference(scores, group_ids, mask, valid=None, eps=1e-6):
-    """(token advantages, scale) float64 [B, T]: group-mean baseline, whitened over active tokens."""
-    a, _ = group_advantages_reference(scores, group_ids, valid, "mean")
+def reinforce_pp_baseline_reference(scores, group_ids, mask, valid=None, eps=1e-6, singleton="zero",
+                                    eps_placement="std"):
+    """(token advantages, scale) float64 [B, T]: group-mean baseline (singleton "raw": baseline 0 for
+    a group of one), whitened over active tokens: / (std + eps), or * rsqrt(var + eps) ("var")."""
+    a, _ = group_advantages_reference(scores, group_ids, valid, "mean", singleton=singleton)
     s = np.asarray(scores, np.float64)
     g = np.asarray(group_ids, np.int64)
     ok = np.ones(s.shape, bool) if valid is None else np.asarray(valid).astype(bool)
-    for grp in np.unique(g[ok]):  # a single-member group: its baseline is itself
-        idx = np.nonzero(ok & (g == grp))[0]
-        if idx.size == 1:
-            a[idx] = 0.0
+    if singleton == "zero":
+        for grp in np.unique(g[ok]):  # a single-member group: its baseline is itself
+            idx = np.nonzero(ok & (g == grp))[0]
+            if idx.size == 1:
+                a[idx] = 0.0
     tokens = np.asarray(mask).astype(bool) & ok[:, None]
     vals = np.broadcast_to(a[:, None], tokens.shape)[tokens]
     mean = vals.mean() if vals.size else 0.0
     std = vals.std(ddof=1) if vals.size > 1 else 0.0
-    out = np.where(tokens, (a[:, None] - mean) / (std + eps), 0.0)
+    den = std + eps if eps_placement == "std" else np.sqrt(std * std + eps)
+    out = np.where(tokens, (a[:, None] - mean) / den, 0.0)
     big = np.abs(s[ok]).max() if ok.any() else 0.0
-    scale = np.where(tokens, big / (std + eps) * (1.0 + np.abs(out)), 0.0)
+    scale = np.where(tokens, big / den * (1.0 + np.abs(out)), 0.0)
+    return out, scale
+
+
+def masked_whiten_reference(values, mask, shift_mean=True, unbiased=True, eps=1e-8, eps_placement="var",
+                            mean=None, var=None):
+    """(whitened, scale) float64 [B, T]: (v - mean) / den over the active tokens (0 elsewhere),
+    den = sqrt(var + eps) ("var") or sqrt(var) + eps ("std"); var unbiased unless told; the caller's
+    mean / var when given. scale: (|v| + mean |v| + |mean|) / den + |out|, what the output's fp32
+    rounding grows with (the mean's and variance's sums, the subtraction, the division)."""
+    v = np.asarray(values, np.float64)
+    m = np.asarray(mask).astype(bool)
+    x = v[m]
+    n = x.size
+    if mean is None:
+        mean = x.mean() if n else 0.0
+        dof = n - 1 if unbiased else n
+        var = ((x - mean) ** 2).sum() / dof if dof > 0 else 0.0
+    den = np.sqrt(var + eps) if eps_placement == "var" else np.sqrt(var) + eps
+    out = np.where(m, (v - mean) / den if den else 0.0, 0.0)
+    if not shift_mean:
+        out = np.where(m, out + mean, 0.0)
+    big = np.abs(x).mean() if n else 0.0
+    scale = np.where(m, (np.abs(v) + big + abs(mean)) / den if den else 0.0, 0.0) + np.abs(out)
     return out, scale

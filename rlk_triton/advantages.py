@@ -24,8 +24,11 @@ from .ops import advantages as _ops
 from .ops import rl_torch as _torch_reference
 
 GROUP_MODES = tuple(_ops.MODES)
+SINGLETONS = ("zero", "raw")  # a group of one valid member: advantage 0, or baseline 0 / std 1 (the raw score)
+EPS_PLACEMENTS = ("std", "var")  # (x - mean) / (std + eps), or (x - mean) * rsqrt(var + eps)
 
-__all__ = ["gae", "group_advantages", "reinforce_pp_baseline", "GROUP_MODES", "BACKENDS"]
+__all__ = ["gae", "group_advantages", "reinforce_pp_baseline", "masked_whiten", "GROUP_MODES", "SINGLETONS",
+           "EPS_PLACEMENTS", "BACKENDS"]
 
 
 def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_values=None, backend: str = "triton"):
@@ -55,7 +58,7 @@ def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_value
 
 
 def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_std", valid=None,
-                     eps: float = 1e-6, validate: bool = True, backend: str = "triton"):
+                     eps: float = 1e-6, singleton: str = "zero", validate: bool = True, backend: str = "triton"):
     """Per-sequence advantages normalized within explicit groups (GRPO: the samples of one prompt).
 
     scores: float32 [B]; group_ids: int [B] in [0, num_groups); valid: bool [B] (None: all).
@@ -64,6 +67,9 @@ def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_st
     all equal (in every mode, whatever eps), and every invalid row get 0; so does a group with
     std + eps == 0 (eps=0 allowed): never NaN from finite scores. Returns float32 [B].
     eps: a finite number >= 0.
+    singleton: the rule for a group with one valid member: "zero" (default: no baseline to compare
+        with, advantage 0) or "raw" (verl's loop estimators: baseline 0 and std 1, so "mean" and
+        "rloo" give the raw score s and "mean_std" gives s / (1 + eps)).
     validate: check on the host that group_ids lie in [0, num_groups) (and that a floating-point
         `valid` holds only 0 / 1). It costs a device sync per call; with validate=False nothing is
         checked on the host: a row whose group id is out of range is treated as invalid (it gets 0
@@ -74,18 +80,24 @@ def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_st
     _check_backend(backend)
     if mode not in GROUP_MODES:
         raise InputError("mode", f"{mode!r} is not one of {', '.join(GROUP_MODES)}")
+    _choice("singleton", singleton, SINGLETONS)
     s, g, ok = _group_inputs(scores, group_ids, num_groups, valid, validate, backend)
     eps = _eps(eps)
     if backend == "torch_reference":
-        return _torch_reference.group_advantages(s, g, ok, num_groups, mode, eps)
-    return _ops.launch_group_advantages(s, g, ok, num_groups, mode, eps)[0]
+        return _torch_reference.group_advantages(s, g, ok, num_groups, mode, eps, singleton)
+    return _ops.launch_group_advantages(s, g, ok, num_groups, mode, eps, singleton)[0]
 
 
 def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=None, eps: float = 1e-6,
                           token_mean: Optional[float] = None, token_std: Optional[float] = None,
+                          singleton: str = "zero", eps_placement: str = "std",
                           validate: bool = True, backend: str = "triton"):
     """REINFORCE++ with a group baseline: a_i = s_i - mean of its group, broadcast to the active
     tokens of sequence i, then whitened over all active tokens: (a - mean) / (std + eps).
+
+    singleton: "zero" (default: a group of one gets a_i = 0) or "raw" (baseline 0: a_i = s_i, verl's).
+    eps_placement: "std" (default: / (std + eps)) or "var" (* rsqrt(var + eps), verl's masked_whiten,
+    which uses eps = 1e-8); token_std is the std either way (var = token_std^2).
 
     mask: bool / 0-1 [B, T], required (it gives the output its T). eps: a finite number >= 0; where
     std + eps == 0 (no spread, eps=0) every token gets 0. The whitening statistics are batch-level:
@@ -105,15 +117,17 @@ def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=Non
         raise ShapeError("mask", f"must be [B, T], got {tuple(mask.shape)}")
     m = _mask("mask", mask, (s.shape[0], mask.shape[1]), s.device, validate)
     eps = _eps(eps)
+    _choice("singleton", singleton, SINGLETONS)
+    _choice("eps_placement", eps_placement, EPS_PLACEMENTS)
     token_mean = _token_stat("token_mean", token_mean, s.device, validate)
     token_std = _token_stat("token_std", token_std, s.device, validate, nonnegative=True)
     if (token_mean is None) != (token_std is None):
         raise InputError("token_std" if token_std is None else "token_mean",
                          "pass both token_mean and token_std, or neither")
     if backend == "torch_reference":
-        a = _torch_reference.group_advantages64(s, g, ok, num_groups, "mean", 0.0)
+        a = _torch_reference.group_advantages64(s, g, ok, num_groups, "mean", 0.0, singleton)
     else:
-        a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0)[0]
+        a = _ops.launch_group_advantages(s, g, ok, num_groups, "mean", 0.0, singleton)[0]
     tokens = (m != 0) & (ok != 0)[:, None]
     if token_mean is None:
         per_row = tokens.sum(1).double()
@@ -121,13 +135,63 @@ def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=Non
         mean = (per_row * a.double()).sum() / n.clamp_min(1)
         var = (per_row * (a.double() - mean) ** 2).sum() / (n - 1).clamp_min(1)
         token_mean, token_std = mean, var.sqrt()
-    den = torch.as_tensor(token_std, dtype=torch.float64, device=s.device) + eps
+    std = torch.as_tensor(token_std, dtype=torch.float64, device=s.device)
+    den = std + eps if eps_placement == "std" else torch.sqrt(std * std + eps)
     out = (a.double()[:, None] - token_mean) / torch.where(den != 0, den, 1.0)
     out = torch.where(den != 0, out, 0.0)  # std + eps == 0 (no spread, eps=0): 0, not 0 / 0
     return torch.where(tokens, out, 0.0).float()
 
 
+def masked_whiten(values, mask, *, shift_mean: bool = True, unbiased: bool = True, eps: float = 1e-8,
+                  eps_placement: str = "var", mean=None, var=None, backend: str = "triton"):
+    """Whiten values over the active tokens of the batch: (v - mean) / den, den = sqrt(var + eps)
+    (eps_placement "var", verl's masked_whiten: * rsqrt(var + 1e-8)) or sqrt(var) + eps ("std").
+
+    values: float [B, T] (read as fp32); mask: bool / 0-1 [B, T] (None: all active). mean and var are
+    over the active tokens, var unbiased (n - 1) unless unbiased=False; shift_mean=False adds the mean
+    back (verl's option). Masked tokens get 0; no active token, or one with unbiased (var 0), gives 0;
+    den == 0 (no spread and eps = 0) gives 0, never 0 / 0. A framework that whitens globally (across
+    ranks) passes mean and var (both or neither: finite numbers, var >= 0): each row's output then
+    depends on that row alone (batch-invariant); otherwise the statistics are the batch's, as the
+    math says. Returns float32 [B, T], a constant to autograd.
+
+    Kernels (rlk_triton/ops/advantages.py): row sums in BLOCK_T tiles in order, one program folding
+    the rows in order (mean, then the squared deviations from it), an elementwise apply; the torch
+    reference backend is float64 with the same fixed-shape sums, rounded once.
+    """
+    _check_backend(backend)
+    _float2("values", values)
+    m = _mask("mask", mask, values.shape, values.device)
+    _check_tensor_device("values", values, backend)
+    if not isinstance(shift_mean, bool):
+        raise InputError("shift_mean", f"must be a bool, got {shift_mean!r}")
+    if not isinstance(unbiased, bool):
+        raise InputError("unbiased", f"must be a bool, got {unbiased!r}")
+    eps = _eps(eps)
+    _choice("eps_placement", eps_placement, EPS_PLACEMENTS)
+    if (mean is None) != (var is None):
+        raise InputError("var" if var is None else "mean", "pass both mean and var, or neither")
+    stats = None
+    if mean is not None:
+        for name, x in (("mean", mean), ("var", var)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise InputError(name, f"must be a finite number, got {x!r}")
+        if var < 0:
+            raise InputError("var", f"must be >= 0, got {var!r}")
+        den = math.sqrt(var + eps) if eps_placement == "var" else math.sqrt(var) + eps
+        stats = torch.tensor([float(mean), float(var), den], dtype=torch.float32, device=values.device)
+    v = values.float().contiguous()
+    if backend == "torch_reference":
+        return _torch_reference.masked_whiten(v, m, stats, shift_mean, unbiased, eps, eps_placement == "var")[0]
+    return _ops.launch_masked_whiten(v, m, stats, shift_mean, unbiased, eps, eps_placement == "var")[0]
+
+
 # ---- validation ----
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(name, f"{value!r} is not one of {', '.join(choices)}")
 
 
 def _eps(eps) -> float:

@@ -10,6 +10,12 @@ tl.associative_scan runs backwards in time; a carry links the tiles. Two scans p
 Reduction order: tiles from the row's end to its start; inside a tile the compiler's scan tree for
 (BLOCK_T, num_warps); fixed for a config, independent of the batch.
 
+Masked whitening (masked_whiten): (v - mean) / den over the active tokens of the whole batch, with
+mean and the (unbiased) variance from fixed-order sums: one program per row folds BLOCK_T-token tiles
+in increasing order (tl.sum's tree per tile), one program folds the rows' sums in BLOCK_B-row tiles
+in increasing order (the mean; then, second pass, the squared deviations from it: no cancellation),
+and an elementwise kernel writes the outputs. The order is stated in rlk_triton/ops/reduction.py.
+
 Group statistics, one program per group: the members are stable-sorted by group id so that each
 group is one contiguous segment; two passes over the segment in tiles of BLOCK_B (the sum, with
 the min and max, then the squared deviations from the mean), in member order. No atomics. A group
@@ -125,7 +131,7 @@ def _group_stats_kernel(sorted_score_ptr, start_ptr, count_ptr, mean_ptr, m2_ptr
 
 @triton.jit(do_not_specialize=["eps"])
 def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, count_ptr, out_ptr, B, eps,
-                            MODE: tl.constexpr, BLOCK_B: tl.constexpr):
+                            MODE: tl.constexpr, SINGLETON_RAW: tl.constexpr, BLOCK_B: tl.constexpr):
     i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     inside = i < B
     valid = inside & (tl.load(valid_ptr + i, mask=inside, other=0) != 0)
@@ -142,7 +148,112 @@ def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, cou
         adv = tl.where((n > 1.0) & (den != 0.0), (s - mean) / tl.where(den != 0.0, den, 1.0), 0.0)
     else:  # leave-one-out: s minus the mean of the others; a group of one has no others: 0
         adv = tl.where(n > 1.0, (s - mean) * (n / tl.maximum(n - 1.0, 1.0)), 0.0)
+    if SINGLETON_RAW:  # a group of one: baseline 0 and std 1 (verl's loop estimators): the raw score
+        if MODE == 1:
+            raw = s / (1.0 + tl.cast(eps, tl.float32))
+        else:
+            raw = s
+        adv = tl.where(n == 1.0, raw, adv)
     tl.store(out_ptr + i, tl.where(valid, adv, 0.0), mask=inside)
+
+
+# ---- masked whitening ----
+
+@triton.jit(do_not_specialize=["T"])
+def _whiten_rows_kernel(val_ptr, mask_ptr, stats_ptr, sum_ptr, count_ptr, T, CENTERED: tl.constexpr,
+                        BLOCK_T: tl.constexpr):
+    # a row's sum of values (pass 1) or of squared deviations from the batch mean (pass 2), tiles in order
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK_T)
+    acc = tl.zeros((), tl.float32)
+    n = tl.zeros((), tl.int32)
+    mean = tl.zeros((), tl.float32)
+    if CENTERED:
+        mean = tl.load(stats_ptr)
+    for start in range(0, T, BLOCK_T):
+        offs = start + lanes
+        inb = offs < T
+        act = inb & (tl.load(mask_ptr + row * T + offs, mask=inb, other=0) != 0)
+        v = tl.load(val_ptr + row * T + offs, mask=act, other=0.0)
+        if CENTERED:
+            d = tl.where(act, v - mean, 0.0)
+            acc += tl.sum(d * d, 0)
+        else:
+            acc += tl.sum(v, 0)
+            n += tl.sum(act.to(tl.int32), 0)
+    tl.store(sum_ptr + row, acc)
+    if not CENTERED:
+        tl.store(count_ptr + row, n)
+
+
+@triton.jit(do_not_specialize=["B", "eps"])
+def _whiten_fold_kernel(sum_ptr, count_ptr, stats_ptr, B, eps, CENTERED: tl.constexpr, UNBIASED: tl.constexpr,
+                        EPS_ON_VAR: tl.constexpr, BLOCK_B: tl.constexpr):
+    # stats: [mean, var, den]; pass 1 writes the mean, pass 2 the variance and the divisor
+    lanes = tl.arange(0, BLOCK_B)
+    total = tl.zeros((), tl.float32)
+    n = tl.zeros((), tl.int32)  # B * T < 2^31
+    for start in range(0, B, BLOCK_B):  # rows in tiles of BLOCK_B, in increasing order
+        i = start + lanes
+        total += tl.sum(tl.load(sum_ptr + i, mask=i < B, other=0.0), 0)
+        n += tl.sum(tl.load(count_ptr + i, mask=i < B, other=0), 0)
+    nf = n.to(tl.float32)
+    if CENTERED:
+        if UNBIASED:
+            dof = nf - 1.0
+        else:
+            dof = nf
+        var = tl.where(dof > 0.0, total / tl.maximum(dof, 1.0), 0.0)
+        e = tl.cast(eps, tl.float32)
+        if EPS_ON_VAR:
+            den = tl.sqrt_rn(var + e)
+        else:
+            den = tl.sqrt_rn(var) + e
+        tl.store(stats_ptr + 1, var)
+        tl.store(stats_ptr + 2, den)
+    else:
+        tl.store(stats_ptr, tl.where(n > 0, total / tl.maximum(nf, 1.0), 0.0))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _whiten_apply_kernel(val_ptr, mask_ptr, stats_ptr, out_ptr, T, SHIFT_MEAN: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = offs < T
+    p = row * T + offs
+    act = inb & (tl.load(mask_ptr + p, mask=inb, other=0) != 0)
+    v = tl.load(val_ptr + p, mask=act, other=0.0)
+    mean = tl.load(stats_ptr)
+    den = tl.load(stats_ptr + 2)
+    out = tl.where(den != 0.0, (v - mean) / tl.where(den != 0.0, den, 1.0), 0.0)  # no spread, eps 0: 0
+    if not SHIFT_MEAN:
+        out = out + mean
+    tl.store(out_ptr + p, tl.where(act, out, 0.0), mask=inb)
+
+
+def launch_masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: bool, eps: float, eps_on_var: bool):
+    """(whitened [B, T], stats [3] = mean, var, den) fp32. stats: None (computed from the batch) or a
+    [3] fp32 tensor (mean, var, den) given by the caller."""
+    B, T = values.shape
+    dev = values.device
+    out = torch.zeros_like(values)
+    if stats is None:
+        stats = torch.zeros(3, dtype=torch.float32, device=dev)
+        if B and T:
+            block, warps = _locked("rl_policy_loss_rows", dev)
+            fold, fold_warps = _locked("rl_policy_loss_batch", dev)
+            sums = torch.empty(B, dtype=torch.float32, device=dev)
+            counts = torch.empty(B, dtype=torch.int32, device=dev)
+            for centered in (False, True):
+                _whiten_rows_kernel[(B,)](values, mask_u8, stats, sums, counts, T, CENTERED=centered,
+                                          BLOCK_T=block, num_warps=warps)
+                _whiten_fold_kernel[(1,)](sums, counts, stats, B, float(eps), CENTERED=centered, UNBIASED=unbiased,
+                                          EPS_ON_VAR=eps_on_var, BLOCK_B=fold, num_warps=fold_warps)
+    if B and T:
+        block, warps = _locked("rl_policy_loss_bwd", dev)
+        _whiten_apply_kernel[(B, triton.cdiv(T, block))](values, mask_u8, stats, out, T, SHIFT_MEAN=shift_mean,
+                                                           BLOCK_T=block, num_warps=warps)
+    return out, stats
 
 def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
     B, T = rewards.shape
@@ -183,7 +294,7 @@ def launch_group_stats(scores, group_ids, valid_u8, num_groups):
     return mean, m2, count
 
 
-def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float):
+def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float, singleton: str = "zero"):
     # the kernels index these flat: any view (a strided group_ids) is read as its contiguous copy
     scores, group_ids, valid_u8 = scores.contiguous(), group_ids.contiguous(), valid_u8.contiguous()
     mean, m2, count = launch_group_stats(scores, group_ids, valid_u8, num_groups)
@@ -193,5 +304,5 @@ def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, 
         block, warps = _locked("group_stats", scores.device)
         _group_advantage_kernel[(triton.cdiv(B, block),)](
             scores, group_ids, valid_u8, mean, m2, count, out, B, float(eps),
-            MODE=MODES[mode], BLOCK_B=block, num_warps=warps)
+            MODE=MODES[mode], SINGLETON_RAW=singleton == "raw", BLOCK_B=block, num_warps=warps)
     return out, mean, m2, count

@@ -1,7 +1,7 @@
 """The contract-preserving torch reference backends of the RL losses and advantages: runs anywhere, slow.
 
 backend="torch_reference" of rlk_triton.losses (ratio_kl, policy_loss, gspo_loss) and
-rlk_triton.advantages (gae, group_advantages, reinforce_pp_baseline). The callers validate first
+rlk_triton.advantages (gae, group_advantages, reinforce_pp_baseline, masked_whiten). The callers validate first
 (one place, shared with the Triton path) and pass the same normalized tensors as to the kernels.
 
 Numerics: every input is upcast to float64 on its device, the math is written as in reference/, and
@@ -298,14 +298,37 @@ def group_stats(scores, group_ids, valid_u8, num_groups):
 
 
 @torch.no_grad()
-def group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float):
+def group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float, singleton: str = "zero"):
     """fp32 [B]; same arguments as ops.advantages.launch_group_advantages (returns the advantages only)."""
-    return group_advantages64(scores, group_ids, valid_u8, num_groups, mode, eps).to(torch.float32)
+    return group_advantages64(scores, group_ids, valid_u8, num_groups, mode, eps, singleton).to(torch.float32)
 
 
 @torch.no_grad()
-def group_advantages64(scores, group_ids, valid_u8, num_groups, mode: str, eps: float):
-    """The float64 advantages [B] (0 for invalid rows and groups of one)."""
+def masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: bool, eps: float, eps_on_var: bool):
+    """(whitened [B, T] fp32, stats [3] fp32 = mean, var, den); same arguments as
+    ops.advantages.launch_masked_whiten. Float64 throughout, fixed-shape sums (row_sums, batch_sum)."""
+    active = mask_u8 != 0
+    v = _safe(values, active)
+    if stats is None:
+        n = active.sum().to(F64)
+        mean = _div0(batch_sum(row_sums(v)), n)
+        dev2 = torch.where(active, (v - mean) ** 2, 0.0)
+        dof = n - 1.0 if unbiased else n
+        var = torch.where(dof > 0, batch_sum(row_sums(dev2)) / torch.clamp(dof, min=1.0), 0.0)
+        den = torch.sqrt(var + eps) if eps_on_var else torch.sqrt(var) + eps
+        stats64 = torch.stack([mean, var, den])
+    else:
+        stats64 = stats.to(F64)
+        mean, den = stats64[0], stats64[2]
+    out = _div0(v - mean, den.expand_as(v))
+    if not shift_mean:
+        out = out + mean
+    return torch.where(active, out, 0.0).to(torch.float32), stats64.to(torch.float32)
+
+
+@torch.no_grad()
+def group_advantages64(scores, group_ids, valid_u8, num_groups, mode: str, eps: float, singleton: str = "zero"):
+    """The float64 advantages [B] (0 for invalid rows, and for groups of one unless singleton "raw")."""
     mean, m2, count = group_stats(scores, group_ids, valid_u8, num_groups)
     ok = valid_u8 != 0
     g = torch.where(ok, group_ids.long(), 0)
@@ -323,4 +346,6 @@ def group_advantages64(scores, group_ids, valid_u8, num_groups, mode: str, eps: 
         adv = torch.where(several, _div0(s - mu, std + eps), 0.0)
     else:  # rloo: s minus the mean of the others
         adv = torch.where(several, (s - mu) * (n / torch.clamp(n - 1.0, min=1.0)), 0.0)
+    if singleton == "raw":  # a group of one: baseline 0, std 1
+        adv = torch.where(n == 1, s / (1.0 + eps) if mode == "mean_std" else s, adv)
     return torch.where(ok, adv, 0.0)
