@@ -318,3 +318,62 @@ def gspo_grad_reference(logp, old_logp, advantages, mask, grad_loss, grad_terms=
         up = up + _f64(grad_terms)
     up = up[:, None]
     return up * t["dterm_dlogp"], up * t["dterm_dentropy"]
+
+
+# ---- rollout correction ----
+
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+              "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def rollout_correction_reference(old_logp, rollout_logp, mask, *, is_level=None, is_mode="truncate", is_low=None,
+                                 is_high=None, rejection=None, log_ratio_clamp=None):
+    """float64 (weights [B, T] or None, keep [B, T] bool, L [B], weight_scale [B, T]).
+
+    lr = old - rollout (lrc clamped to +-log_ratio_clamp); weights: token exp(lrc), sequence exp(sum lr),
+    geometric exp(mean lr) (the sum / mean clamped too), then "truncate" clip(w, is_low, is_high) or
+    "mask" w inside [is_low, is_high] else 0; 0 on inactive tokens. Rejection ({option: bound}) with
+    verl's rollout_rs statistics k1 = -lrc, k2 = lrc^2 / 2, k3 = exp(lrc) - 1 - lrc per token, their sum /
+    mean / max per sequence: k1 kept inside [log lo, log hi] (bounds given as ratios), k2 / k3 at or
+    below the bound. weight_scale: w (1 + |lrc|) for token weights, w (1 + sum |lr|) for the sequence
+    product, w (1 + mean |lr|) for the geometric mean (what fp32 rounding of the exponent grows with)."""
+    old, roll = _f64(old_logp), _f64(rollout_logp)
+    active = _active(mask, old.shape)
+    lr = np.where(active, old - roll, 0.0)
+    lrc = lr if log_ratio_clamp is None else np.clip(lr, -log_ratio_clamp, log_ratio_clamp)
+    k1, k2 = -lrc, 0.5 * lrc * lrc
+    k3 = np.where(active, np.exp(lrc) - 1.0 - lrc, 0.0)
+    n = active.sum(1).astype(np.float64)
+    n1 = np.maximum(n, 1.0)
+    seq = {"seq_sum_k1": k1.sum(1), "seq_sum_k2": k2.sum(1), "seq_sum_k3": k3.sum(1),
+           "seq_mean_k1": k1.sum(1) / n1, "seq_mean_k2": k2.sum(1) / n1, "seq_mean_k3": k3.sum(1) / n1,
+           "seq_max_k2": np.where(active, k2, 0.0).max(1, initial=0.0),
+           "seq_max_k3": np.where(active, k3, 0.0).max(1, initial=0.0)}
+    tok = {"token_k1": k1, "token_k2": k2, "token_k3": k3}
+    keep = active.copy()
+    for name, bound in (rejection or {}).items():
+        stat = seq[name][:, None] if name in seq else tok[name]
+        ok = ((stat >= np.log(bound[0])) & (stat <= np.log(bound[1]))) if name.endswith("k1") else stat <= bound
+        keep &= np.broadcast_to(ok, keep.shape)
+    big_l = lr.sum(1) if is_level == "sequence" else lr.sum(1) / n1
+    if log_ratio_clamp is not None:
+        big_l = np.clip(big_l, -log_ratio_clamp, log_ratio_clamp)
+    weights = scale = None
+    if is_level is not None:
+        if is_level == "token":
+            w, mag = np.exp(lrc), np.abs(lrc)
+        else:
+            w = np.broadcast_to(np.exp(big_l)[:, None], lr.shape)
+            mag = np.abs(lr).sum(1) if is_level == "sequence" else np.abs(lr).sum(1) / n1
+            mag = np.broadcast_to(mag[:, None], lr.shape)
+        raw = w
+        if is_mode == "truncate":
+            w = np.clip(w, -np.inf if is_low is None else is_low, is_high)
+        else:
+            ok = w <= is_high
+            if is_low is not None:
+                ok &= w >= is_low
+            w = np.where(ok, w, 0.0)
+        weights = np.where(active, w, 0.0)
+        scale = np.where(active & (w == raw), raw * (1.0 + mag), 0.0)  # a bound or 0 is exact
+    return weights, keep, np.where(n > 0, big_l, 0.0), scale

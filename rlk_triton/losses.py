@@ -21,6 +21,7 @@ from .errors import BackendError, DeviceError, DTypeError, InputError, ShapeErro
 from .ops import gspo as _gspo
 from .ops import rl_losses as _op
 from .ops import rl_torch as _torch_reference
+from .ops import rollout_correction as _rc
 
 LOSS_TYPES = ("ppo", "grpo", "dapo", "dr_grpo", "cispo")
 AGGREGATIONS = tuple(_op.AGGREGATIONS)
@@ -45,8 +46,126 @@ _INTERPRETED = interpreter_active()
 
 Normalizer = Union[None, float, int, torch.Tensor]
 
-__all__ = ["policy_loss", "ratio_kl", "gspo_loss", "LOSS_TYPES", "AGGREGATIONS", "KL_ESTIMATORS", "TIS_MODES",
+IS_LEVELS = tuple(_rc.IS_LEVELS)
+IS_MODES = tuple(_rc.IS_MODES)
+RS_OPTIONS = _rc.RS_OPTIONS
+
+__all__ = ["policy_loss", "ratio_kl", "gspo_loss", "rollout_correction", "RolloutCorrection", "LOSS_TYPES",
+           "AGGREGATIONS", "KL_ESTIMATORS", "TIS_MODES", "TIS_SCOPES", "IS_LEVELS", "IS_MODES", "RS_OPTIONS",
            "USUAL_AGGREGATION"]
+
+
+class RolloutCorrection(NamedTuple):
+    """rollout_correction's result: weights (fp32 [B, T], 0 off the mask; None without is_level),
+    keep (bool [B, T]: the mask after rejection) and stats (dict of float64 0-dim device tensors)."""
+    weights: Optional[torch.Tensor]
+    keep: torch.Tensor
+    stats: dict
+
+
+def rollout_correction(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    is_level: Optional[str] = None,
+    is_mode: str = "truncate",
+    is_high: Optional[float] = None,
+    is_low: Optional[float] = None,
+    rejection: Optional[dict] = None,
+    log_ratio_clamp: Optional[float] = None,
+    backend: str = "triton",
+) -> RolloutCorrection:
+    """Importance weights and rejection for the rollout / trainer mismatch, fused, per sequence.
+
+    With lr_t = old_logp_t - rollout_logp_t over the active tokens of each row (lrc_t = lr_t clamped
+    to +-log_ratio_clamp when given; verl clamps at 20):
+      is_level "token": w_t = exp(lrc_t); "sequence": w = exp(sum_t lr_t) (the product of the token
+        ratios, TRL's and verl's sequence IS); "geometric": w = exp(mean_t lr_t) (their geometric mean);
+        the sequence's log-weight is clamped too. None: no weights (rejection only).
+      is_mode "truncate": clip(w, is_low, is_high) (verl's and slime's TIS; is_low None: no lower
+        bound); "mask": w where is_low <= w <= is_high, else 0 (TRL's *_mask modes; IcePop with
+        token weights and both bounds). A zero weight keeps the token in every count.
+      rejection: {option: bound} with verl's rollout_rs options (RS_OPTIONS): token_k1 / k2 / k3, and
+        seq_sum_kX, seq_mean_kX, seq_max_k2 / k3 over a sequence, of k1 = -lrc (= log rollout / old),
+        k2 = lrc^2 / 2, k3 = exp(lrc) - 1 - lrc. k1 options take ratio bounds (lo, hi) (kept when
+        log lo <= statistic <= log hi); the others an upper bound. Rejected tokens leave keep: pass
+        keep as the loss's mask to drop them from every count (verl's modified response mask).
+    Use: policy_loss(..., mask=rc.keep, is_weights=rc.weights, tis_scope="pg").
+    stats (float64 0-dim tensors, no host sync): is_mean / is_min / is_max of the weights over the
+    active tokens (token level) or the sequences with a token (sequence levels), rs_masked_fraction
+    (rejected / active tokens), rs_seq_masked_fraction (rows with a rejected token / rows).
+    A sequence's weights and keep are bitwise independent of the other rows. backend: "triton" or
+    "torch_reference" (float64 torch, rounded once).
+    """
+    _check_logp(old_logp, backend, name="old_logp")
+    _check_like("rollout_logp", rollout_logp, old_logp, ref_name="old_logp")
+    mask_u8 = _check_mask(mask, old_logp, ref_name="old_logp")
+    if is_level is not None:
+        _check_choice("is_level", is_level, IS_LEVELS)
+        if is_high is None:
+            raise InputError("is_high", "is_level is given: pass the upper bound (float('inf') for none)")
+    _check_choice("is_mode", is_mode, IS_MODES)
+    if is_high is not None:
+        is_high = _positive("is_high", is_high, allow_inf=True)
+    if is_low is not None:
+        is_low = _number("is_low", is_low)
+        if is_low < 0.0 or (is_high is not None and is_low > is_high):
+            raise InputError("is_low", f"must lie in [0, is_high], got {is_low!r}")
+    if log_ratio_clamp is not None:
+        log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
+    rs = _check_rejection(rejection)
+    args = (old_logp.contiguous(), rollout_logp.contiguous(), mask_u8, is_level, is_mode, is_low, is_high, rs,
+            log_ratio_clamp)
+    if backend == "torch_reference":
+        weights, keep, rows = _torch_reference.rollout_correction(*args)
+    else:
+        weights, keep, rows = _rc.launch_rollout_correction(*args)
+    return RolloutCorrection(weights, keep, _rollout_stats(weights, keep, rows, mask_u8 != 0, is_level))
+
+
+def _check_rejection(rejection) -> dict:
+    if rejection is None:
+        return {}
+    if not isinstance(rejection, dict):
+        raise InputError("rejection", f"must be a dict {{option: bound}}, got {type(rejection).__name__}")
+    out = {}
+    for name, bound in rejection.items():
+        if name not in RS_OPTIONS:
+            raise InputError("rejection", f"unknown option {name!r} (have: {', '.join(RS_OPTIONS)})")
+        if name.endswith("k1"):
+            if not isinstance(bound, (tuple, list)) or len(bound) != 2:
+                raise InputError("rejection", f"{name} takes ratio bounds (lo, hi), got {bound!r}")
+            lo, hi = (_positive("rejection", b) for b in bound)
+            if lo > hi:
+                raise InputError("rejection", f"{name}: lo {lo} > hi {hi}")
+            out[name] = (lo, hi)
+        else:
+            out[name] = _positive("rejection", bound, allow_inf=True)
+    return out
+
+
+def _rollout_stats(weights, keep, rows, active, is_level) -> dict:
+    """A few float64 numbers of the correction, on the device (a torch composition: no fusion to gain)."""
+    f64 = torch.float64
+    n_active = active.sum().to(f64)
+    rejected = (active & ~keep).to(f64)
+    B = active.shape[0]
+    stats = {"rs_masked_fraction": torch.where(n_active > 0, rejected.sum() / n_active.clamp(min=1), 0.0),
+             "rs_seq_masked_fraction": (rejected.sum(1) > 0).to(f64).sum() / max(B, 1)}
+    if weights is not None:
+        w = weights.to(f64)
+        if is_level == "token":
+            on, vals, count = active, w, n_active
+        else:
+            on = rows[:, 0] > 0
+            vals = w.amax(1) if w.shape[1] else w.sum(1)  # the sequence's one weight (>= 0)
+            count = on.to(f64).sum()
+        stats["is_mean"] = torch.where(count > 0, torch.where(on, vals, 0.0).sum() / count.clamp(min=1), 0.0)
+        big = torch.tensor(float("inf"), dtype=f64, device=w.device)
+        stats["is_min"] = torch.where(count > 0, torch.where(on, vals, big).amin() if vals.numel() else big, 0.0)
+        stats["is_max"] = torch.where(count > 0, torch.where(on, vals, -big).amax() if vals.numel() else -big, 0.0)
+    return stats
 
 
 def ratio_kl(
@@ -333,30 +452,30 @@ def _check_device(name, x, backend):
         raise DeviceError(name, f"unsupported device {x.device}")
 
 
-def _check_logp(logp, backend):
+def _check_logp(logp, backend, name="logp"):
     _check_backend(backend)
     if not isinstance(logp, torch.Tensor):
-        raise DTypeError("logp", f"expected a torch.Tensor, got {type(logp).__name__}")
+        raise DTypeError(name, f"expected a torch.Tensor, got {type(logp).__name__}")
     if logp.dtype != torch.float32:
-        raise DTypeError("logp", f"dtype {logp.dtype} is not float32 (per-token log-probabilities are fp32)")
+        raise DTypeError(name, f"dtype {logp.dtype} is not float32 (per-token log-probabilities are fp32)")
     if logp.dim() != 2:
-        raise ShapeError("logp", f"must be [B, T] (one row per sequence), got shape {tuple(logp.shape)}")
+        raise ShapeError(name, f"must be [B, T] (one row per sequence), got shape {tuple(logp.shape)}")
     if logp.shape[1] >= MAX_T:
-        raise ShapeError("logp", f"T = {logp.shape[1]} must be < 2^24 (per-row token counts are kept in fp32)")
+        raise ShapeError(name, f"T = {logp.shape[1]} must be < 2^24 (per-row token counts are kept in fp32)")
     if logp.numel() >= 2**31:
-        raise ShapeError("logp", f"B * T = {logp.numel()} must be < 2^31 (token totals are int32)")
-    _check_device("logp", logp, backend)
+        raise ShapeError(name, f"B * T = {logp.numel()} must be < 2^31 (token totals are int32)")
+    _check_device(name, logp, backend)
 
 
-def _check_like(name, x, logp):
+def _check_like(name, x, logp, ref_name="logp"):
     if not isinstance(x, torch.Tensor):
         raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.float32:
         raise DTypeError(name, f"dtype {x.dtype} is not float32")
     if tuple(x.shape) != tuple(logp.shape):
-        raise ShapeError(name, f"shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
+        raise ShapeError(name, f"shape {tuple(x.shape)} does not match {ref_name} {tuple(logp.shape)}")
     if x.device != logp.device:
-        raise DeviceError(name, f"on {x.device}, logp on {logp.device}")
+        raise DeviceError(name, f"on {x.device}, {ref_name} on {logp.device}")
 
 
 def _check_advantages(adv, logp):
@@ -371,16 +490,16 @@ def _check_advantages(adv, logp):
         raise DeviceError("advantages", f"on {adv.device}, logp on {logp.device}")
 
 
-def _check_mask(mask, logp) -> torch.Tensor:
+def _check_mask(mask, logp, ref_name="logp") -> torch.Tensor:
     """The mask as uint8 0/1 (a free view for bool masks)."""
     if not isinstance(mask, torch.Tensor):
         raise DTypeError("mask", f"expected a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype.is_complex:
         raise DTypeError("mask", f"dtype {mask.dtype} is not bool, integer or floating point")
     if tuple(mask.shape) != tuple(logp.shape):
-        raise ShapeError("mask", f"shape {tuple(mask.shape)} does not match logp {tuple(logp.shape)}")
+        raise ShapeError("mask", f"shape {tuple(mask.shape)} does not match {ref_name} {tuple(logp.shape)}")
     if mask.device != logp.device:
-        raise DeviceError("mask", f"on {mask.device}, logp on {logp.device}")
+        raise DeviceError("mask", f"on {mask.device}, {ref_name} on {logp.device}")
     if mask.dtype != torch.bool:
         mask = mask != 0
     if torch.compiler.is_compiling():

@@ -249,6 +249,64 @@ def gspo_loss(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollout_lo
     return total.to(torch.float32), terms.to(torch.float32), diag.to(torch.float32)
 
 
+# ---- rollout correction (constants to autograd) ----
+
+@torch.no_grad()
+def rollout_correction(old_logp, rollout_logp, mask_u8, is_level, is_mode, is_low, is_high, rs: dict,
+                       log_ratio_clamp):
+    """(weights [B, T] fp32 or None, keep [B, T] bool, rows [B, 4] fp32); same arguments as
+    ops.rollout_correction.launch_rollout_correction. Float64, fixed-shape row sums."""
+    import math
+
+    active = mask_u8 != 0
+    lr = _const(old_logp, active) - _const(rollout_logp, active)
+    lrc = lr if log_ratio_clamp is None else torch.clamp(lr, -log_ratio_clamp, log_ratio_clamp)
+    k1, k2 = -lrc, 0.5 * lrc * lrc
+    k3 = torch.where(active, (torch.exp(lrc) - 1.0) - lrc, 0.0)
+    n = active.sum(1).to(F64)
+    n1 = torch.clamp(n, min=1.0)
+    s1, s2, s3 = row_sums(k1), row_sums(k2), row_sums(k3)
+    B = lr.shape[0]
+    zero = torch.zeros(B, dtype=F64, device=lr.device)
+    m2 = torch.where(active, k2, 0.0).amax(1) if lr.shape[1] else zero
+    m3 = torch.where(active, k3, 0.0).amax(1) if lr.shape[1] else zero
+    seq_stat = {"seq_sum_k1": s1, "seq_sum_k2": s2, "seq_sum_k3": s3, "seq_mean_k1": s1 / n1, "seq_mean_k2": s2 / n1,
+                "seq_mean_k3": s3 / n1, "seq_max_k2": m2, "seq_max_k3": m3}
+    tok_stat = {"token_k1": k1, "token_k2": k2, "token_k3": k3}
+    seq_keep = torch.ones(B, dtype=torch.bool, device=lr.device)
+    keep = active.clone()
+    for name, spec in rs.items():
+        stat = seq_stat[name] if name in seq_stat else tok_stat[name]
+        if name.endswith("k1"):
+            ok = (stat >= math.log(spec[0])) & (stat <= math.log(spec[1]))
+        else:
+            ok = stat <= spec
+        if name in seq_stat:
+            seq_keep = seq_keep & ok
+        else:
+            keep = keep & ok
+    keep = keep & seq_keep[:, None]
+    s_lr = row_sums(lr)
+    big_l = s_lr if is_level == "sequence" else s_lr / n1
+    if log_ratio_clamp is not None:
+        big_l = torch.clamp(big_l, -log_ratio_clamp, log_ratio_clamp)
+    weights = None
+    if is_level is not None:
+        w = torch.exp(lrc) if is_level == "token" else torch.exp(big_l)[:, None].expand_as(lr)
+        if is_mode == "truncate":
+            if is_low is not None:
+                w = torch.clamp(w, min=is_low)
+            w = torch.clamp(w, max=is_high)
+        else:
+            ok = w <= is_high
+            if is_low is not None:
+                ok = ok & (w >= is_low)
+            w = torch.where(ok, w, 0.0)
+        weights = torch.where(active, w, 0.0).to(torch.float32)
+    rows = torch.stack([n, torch.where(n > 0, big_l, 0.0), seq_keep.to(F64), keep.sum(1).to(F64)], 1)
+    return weights, keep, rows.to(torch.float32)
+
+
 # ---- advantages (constants to autograd) ----
 
 @torch.no_grad()
