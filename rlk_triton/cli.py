@@ -13,6 +13,13 @@
                                  rollout vs training log-probs on one model: the control group
                                  (transformers' kernels) beside rlk's rollout engine and training
                                  path, the first divergent op; exit 1 when rlk drifts (needs .[hf])
+  rlk-triton bench [--op OP ...] [--quick] [--json FILE]
+                                 the benchmark suite: each case's time (CUDA-graph device time and
+                                 wall clock), its ratio to every baseline of the same run (torch
+                                 eager, torch.compile, cuBLAS / SDPA, Liger / CCE when installed)
+                                 and to the run's ceiling, extra peak memory; exit 1 when a case
+                                 failed. Without a GPU only --quick (interpreter, tiny shapes, CPU
+                                 figures)
   rlk-triton --version           rlk_triton, torch and triton versions
 
 A usage error (unknown operator, dtype, device or mode) is one line on stderr and exit status 2.
@@ -364,6 +371,18 @@ def _drift(args) -> int:
     return run.main(args)
 
 
+def _bench(args) -> int:
+    device = _prepare_runtime()
+    from .bench import run
+
+    report = run(args.op, quick=args.quick, json_path=args.json, echo=print)
+    if report["skipped"]:
+        print(f"skipped: {len(report['skipped'])} baselines (the report says why)")
+    if args.json:
+        print(f"report: {args.json} ({len(report['rows'])} rows on {device})")
+    return 1 if report["errors"] else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rlk-triton", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -394,7 +413,23 @@ def _parser() -> argparse.ArgumentParser:
 
     add_arguments(d)
     d.set_defaults(fn=_drift)
+    b = sub.add_parser("bench", help="the benchmark suite: time, ratios to baselines and ceilings, peak memory")
+    b.add_argument("--op", nargs="+", action="extend", default=None, metavar="OP",
+                   help="operator families to run (default: all): " + ", ".join(_bench_families()))
+    b.add_argument("--quick", action="store_true",
+                   help="one smaller shape per case, no torch.compile baselines; without a GPU: the "
+                        "Triton interpreter on tiny shapes (CPU figures)")
+    b.add_argument("--json", metavar="FILE", default=None,
+                   help="write the report (device, versions, commit, date, config fingerprint, rows) to FILE, "
+                        "rewritten after every case")
+    b.set_defaults(fn=_bench)
     return ap
+
+
+def _bench_families() -> list:
+    from .bench.cases import FAMILIES
+
+    return list(FAMILIES)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):

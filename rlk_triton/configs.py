@@ -105,7 +105,7 @@ def _bucket_name(v_max):
 
 # (kernel, arch, dtype, bucket) -> LaunchConfig.
 # "cuda" is the row set for CUDA archs without rows of their own (not tuned; same semantics).
-# sm90 rows come from scripts/gpu_tune.py on an H200 (docs/reports/h200-tune-2026-12-02.json):
+# sm90 rows come from a sweep on an H200 (scripts/gpu_tune.py at b0aabeb, docs/reports/h200-tune-2026-12-02.json):
 # at [16384 x 151936] bf16 one warp per row with 2048-wide tiles read the logits at 1.03x the
 # copy rate (2-4 warps: 0.92-1.04x; 8 warps: 0.70x); the backward peaked at 2048-wide tiles, 2 warps.
 # 4-byte logits take half as wide tiles, so that a tile is the same number of bytes.

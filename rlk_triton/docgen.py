@@ -1,7 +1,7 @@
 """Docs generated from the data they describe, so they cannot drift from the code.
 
-docs/contracts.md and docs/configs.md are written by `python -m rlk_triton.docgen`; a test checks
-that the committed files equal what this module generates.
+docs/contracts.md, docs/configs.md and docs/bench_cases.md are written by `python -m rlk_triton.docgen`;
+a test checks that the committed files equal what this module generates.
 """
 from __future__ import annotations
 
@@ -77,7 +77,22 @@ def configs_md() -> str:
     return "\n".join(out) + "\n"
 
 
-GENERATED = {"docs/contracts.md": contracts_md, "docs/configs.md": configs_md}
+def bench_cases_md() -> str:
+    from .bench.cases import FAMILIES, cases
+
+    out = [HEADER.replace("contracts/*.yaml or rlk_triton/configs.py", "rlk_triton/bench/cases.py"),
+           "# Benchmark cases\n",
+           "What `rlk-triton bench` runs (docs/benchmarks.md), per operator family: the GPU cases, those of "
+           "`--quick` on a GPU, and the interpreter's on a CPU (`--quick` without CUDA). Each case is timed against "
+           "its baselines and the run's ceiling; the report lists the baselines that could not run.\n"]
+    for op in FAMILIES:
+        out += [f"\n## {op}\n", "| size | case | shape | dtype |", "|---|---|---|---|"]
+        out += [f"| {size} | {c.case} | {c.shape} | {c.dtype} |" for size in ("full", "quick", "tiny")
+                for c in cases([op], size)]
+    return "\n".join(out) + "\n"
+
+
+GENERATED = {"docs/contracts.md": contracts_md, "docs/configs.md": configs_md, "docs/bench_cases.md": bench_cases_md}
 
 
 def main(argv=None) -> int:

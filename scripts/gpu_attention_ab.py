@@ -12,12 +12,13 @@ docs/reports/h200-attention-split-2026-12-04.json (A = one masked KV loop, B = w
 """
 import argparse
 import json
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from rlk_triton import configs
+from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
 from rlk_triton.ops import _attention_before as before
 from rlk_triton.ops import attention as after
@@ -26,28 +27,8 @@ DT = torch.bfloat16
 D = 128
 
 
-def graph_ms(fn, reps=5):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(11):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    return sorted(times)[len(times) // 2]
+# the suite's CUDA-graph clock (rlk_triton/bench/timing.py), 5 calls per graph unless told
+graph_ms = partial(bench.graph_ms, reps=5)
 
 
 def _same(a, b):

@@ -17,11 +17,12 @@ import datetime
 import json
 import platform
 import traceback
+from functools import partial
 
 import torch
 import triton
 
-from rlk_triton import configs
+from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
 from rlk_triton.attention import attention, attention_decode
 from rlk_triton.bench import wall_ms
@@ -32,36 +33,8 @@ REPS = 20
 DT = torch.bfloat16
 
 
-def graph_ms(fn, reps=REPS):
-    """Device ms per call: `reps` calls captured in one CUDA graph, median of replays / reps."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    return sorted(times)[len(times) // 2]
-
-
-def copy_gbps():
-    """The memory ceiling of the run: a 2 GiB device copy, bytes read + written per second (the
-    figure earlier reports use). A kernel that only reads is at `bytes read / time / copy_gbps` of it."""
-    from rlk_triton.bench import copy_rate_gbps
-    return copy_rate_gbps()
+# the suite's CUDA-graph clock (rlk_triton/bench/timing.py), REPS calls per graph unless told
+graph_ms = partial(bench.graph_ms, reps=REPS)
 
 
 # ---- matmul ----
@@ -256,7 +229,7 @@ def main():
               "cuda": torch.version.cuda, "python": platform.python_version(), "commit": args.commit,
               "date": datetime.date.today().isoformat(), "fingerprint": configs.fingerprint(),
               "rows": [], "sweep": [], "failures": [], "errors": []}
-    gbps = copy_gbps()
+    gbps = bench.copy_rate_gbps()  # the memory ceiling: a 2 GiB copy, bytes read + written per second
     report["copy_gbps"] = gbps
     print("copy GB/s", round(gbps), flush=True)
     sweep = set(args.sweep.split(","))

@@ -14,7 +14,8 @@ def test_wheel_carries_reference_and_contracts(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("rlk_triton-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("rlk_triton/reference/logp.py", "rlk_triton/contract_tables/selected_logp.yaml",
-                 "rlk_triton/contract_tables/SCHEMA.md", "rlk_triton/ops/selected_logp.py"):
+                 "rlk_triton/contract_tables/SCHEMA.md", "rlk_triton/ops/selected_logp.py",
+                 "rlk_triton/bench/cases.py"):
         assert must in names, must
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
