@@ -96,7 +96,11 @@ def policy_kwargs(inputs, spec):
 
     spec keys: loss_type, aggregation, normalizer, eps_high, dual_clip_c, kl_coef, kl_estimator,
     entropy_coef, tis_mode ("truncate" / "mask" / None), is_weights (True: seeded weights in [0, 2)),
-    tis_scope, log_ratio_clamp."""
+    tis_scope, log_ratio_clamp; or kwargs: policy_loss's keyword arguments as they are (a preset's)."""
+    if "kwargs" in spec:
+        ours = {"loss_type": "ppo", "aggregation": "token-mean", "normalizer": None, "eps_low": EPS_LOW,
+                "dual_clip_c": None, **spec["kwargs"]}
+        return ours, {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
     ours = {"loss_type": spec.get("loss_type", "ppo"), "eps_low": EPS_LOW, "eps_high": spec.get("eps_high"),
             "dual_clip_c": spec.get("dual_clip_c"), "aggregation": spec.get("aggregation", "token-mean"),
             "normalizer": spec.get("normalizer")}
@@ -148,11 +152,12 @@ def _policy_pieces(x, ref_kw):
     if ref_kw.get("log_ratio_clamp") is not None:
         lr = np.clip(lr, -ref_kw["log_ratio_clamp"], ref_kw["log_ratio_clamp"])
     r = np.exp(lr)
-    eps_high = EPS_LOW if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
-    cr = np.clip(r, 1 - EPS_LOW, 1 + eps_high)
+    eps_low = ref_kw.get("eps_low", EPS_LOW)
+    eps_high = eps_low if ref_kw.get("eps_high") is None else ref_kw["eps_high"]
+    cr = np.clip(r, 1 - eps_low, 1 + eps_high)
     rr = r * (1 + np.abs(lr))
-    cispo = ref_kw["loss_type"] == "cispo"
-    pg_s = np.abs(adv) * (rr + cr + (ref_kw["dual_clip_c"] or 0.0)) * (np.abs(logp) if cispo else 1.0)
+    cispo = ref_kw.get("loss_type") == "cispo"
+    pg_s = np.abs(adv) * (rr + cr + (ref_kw.get("dual_clip_c") or 0.0)) * (np.abs(logp) if cispo else 1.0)
     dpg_s = np.abs(adv) * (cr if cispo else rr + cr)
     kl_s = dkl_s = 0.0
     if ref_kw.get("kl_coef"):
@@ -346,7 +351,12 @@ def gspo_inputs(B, T, seed, device, spread=1e-3, p_active=0.8, empty_rows=()):
 def gspo_kwargs(inputs, spec):
     """(kwargs for rlk_triton.losses.gspo_loss, kwargs for reference/losses.py's gspo_*) of one case.
     spec keys: clip ("paper" / "ppo"), normalizer, kl_coef, kl_estimator, entropy_coef, tis_mode,
-    is_weights (True: seeded weights), tis_scope, aggregation."""
+    is_weights (True: seeded weights), tis_scope, aggregation; or kwargs: gspo_loss's keyword arguments."""
+    if "kwargs" in spec:
+        ours = {"normalizer": None, "aggregation": "seq-mean-token-mean", "eps_high": None, **spec["kwargs"]}
+        if ours["eps_high"] is None:
+            ours["eps_high"] = ours["eps_low"]
+        return ours, {k: (_np(v) if torch.is_tensor(v) else v) for k, v in ours.items()}
     eps_low, eps_high = GSPO_CLIPS[spec.get("clip", "paper")]
     ours = {"eps_low": eps_low, "eps_high": eps_high, "normalizer": spec.get("normalizer"),
             "aggregation": spec.get("aggregation", "seq-mean-token-mean")}
