@@ -78,7 +78,7 @@ def configs_md() -> str:
 
 
 def bench_cases_md() -> str:
-    from .bench.cases import FAMILIES, cases
+    from .bench.cases import FAMILIES, select
 
     out = [HEADER.replace("contracts/*.yaml or rlk_triton/configs.py", "rlk_triton/bench/cases.py"),
            "# Benchmark cases\n",
@@ -88,7 +88,7 @@ def bench_cases_md() -> str:
     for op in FAMILIES:
         out += [f"\n## {op}\n", "| size | case | shape | dtype |", "|---|---|---|---|"]
         out += [f"| {size} | {c.case} | {c.shape} | {c.dtype} |" for size in ("full", "quick", "tiny")
-                for c in cases([op], size)]
+                for c in select([op], size)]
     return "\n".join(out) + "\n"
 
 

@@ -13,7 +13,8 @@ import torch
 
 from rlk_triton import cli, configs
 from rlk_triton._runtime import default_arch
-from rlk_triton.bench import FAMILIES, FORMAT, SIZES, cases
+from rlk_triton.bench import FAMILIES, FORMAT, SIZES, select
+from rlk_triton.bench import cases as bench_cases
 from rlk_triton.bench.asv import classes
 from rlk_triton.bench.cases import BASELINE_KINDS, CEILINGS, Baseline, Bound, Case
 from rlk_triton.bench.report import Rates, run_case
@@ -47,7 +48,7 @@ def test_quick_run_writes_the_report_format(quick_report):
         assert row["time"] == "cpu" and row["baseline_kind"] in BASELINE_KINDS
         assert row["ratio"] == pytest.approx(row["baseline_ms"] / row["rlk_ms"])
     # every case ran: one ceiling row each, and at least one baseline beside it
-    want = {(c.op, c.case, c.shape, c.dtype) for c in cases(None, "tiny")}
+    want = {(c.op, c.case, c.shape, c.dtype) for c in select(None, "tiny")}
     ceilings = [r_ for r_ in r["rows"] if r_["baseline_kind"] == "ceiling"]
     assert sorted((c["op"], c["case"], c["shape"], c["dtype"]) for c in ceilings) == sorted(want)
     assert all(set(c["work"]) <= {"bytes", "flops"} and c["baseline"] in CEILINGS.values() for c in ceilings)
@@ -68,15 +69,19 @@ def test_usage_errors_name_the_argument(capsys):
 def test_every_family_has_cases_at_every_size_with_unique_names():
     for size in SIZES:
         for op in FAMILIES:
-            names = [c.name for c in cases([op], size)]
+            names = [c.name for c in select([op], size)]
             assert names and len(names) == len(set(names)), (op, size)  # asv's params
-    assert [c.op for c in cases(["rope", "matmul", "rope"], "tiny")] == ["rope"] * 2 + ["matmul"] * 2
+    assert [c.op for c in select(["rope", "matmul", "rope"], "tiny")] == ["rope"] * 2 + ["matmul"] * 2
 
 
 def test_a_full_run_adds_torch_compile_and_skips_absent_competitors():
-    (case,) = [c for c in cases(["rmsnorm"], "tiny") if c.name.startswith("fwd [") and "+residual" not in c.name]
+    (case,) = [c for c in select(["rmsnorm"], "tiny") if c.name.startswith("fwd [") and "+residual" not in c.name]
     full, quick = case.build("cpu", False), case.build("cpu", True)
     assert "compile" in {b.kind for b in full.baselines} and "compile" not in {b.kind for b in quick.baselines}
+    # a family's other shapes leave torch.compile out (each shape compiles anew), and say so
+    other = bench_cases._rmsnorm(4, 64, False, "fwd", False, torch.bfloat16, "cpu", False)
+    assert "compile" not in {b.kind for b in other.baselines}
+    assert any("main shape" in why for label, why in other.skipped if label.startswith("torch.compile"))
     liger = importlib.util.find_spec("liger_kernel") is not None
     assert ("liger" in {b.kind for b in full.baselines}) == liger
     assert any(label.startswith("Liger") and "not importable" in why for label, why in full.skipped) != liger
@@ -98,7 +103,7 @@ def test_failures_are_recorded_and_the_run_goes_on():
 
 def test_asv_classes_wrap_the_same_cases():
     times, ratio = classes("rmsnorm", size="tiny")
-    names = [c.name for c in cases(["rmsnorm"], "tiny")]
+    names = [c.name for c in select(["rmsnorm"], "tiny")]
     assert (times.__name__, ratio.__name__) == ("Rmsnorm", "RmsnormRatio")
     assert times.params == [names] and ratio.params == [names, list(BASELINE_KINDS)]
     t = times()

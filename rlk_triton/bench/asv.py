@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .cases import BASELINE_KINDS, cases
+from .cases import BASELINE_KINDS, select
 from . import timing
 from .report import Rates, device_ms
 
@@ -20,7 +20,7 @@ def _camel(op: str) -> str:
 
 def classes(op: str, size: str = "full") -> tuple[type, type]:
     """The (times, ratios) asv classes of family `op`."""
-    family = {c.name: c for c in cases([op], size)}
+    family = {c.name: c for c in select([op], size)}
 
     def build(name):
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -63,8 +63,8 @@ class Case:
 class _Baselines:
     """Collects a case's baselines; the ones that cannot run here go to `skipped` with the reason."""
 
-    def __init__(self, quick: bool):
-        self.quick, self.items, self.skipped = quick, [], []
+    def __init__(self, quick: bool, main_shape: bool = True):
+        self.quick, self.main_shape, self.items, self.skipped = quick, main_shape, [], []
 
     def add(self, label, kind, fn):
         self.items.append(Baseline(label, kind, fn))
@@ -72,6 +72,8 @@ class _Baselines:
     def compiled(self, label, make):
         if self.quick:
             self.skipped.append((label, "--quick: torch.compile's compile time would dominate the run"))
+        elif not self.main_shape:  # each shape compiles anew: once per family and pass keeps the run short
+            self.skipped.append((label, "torch.compile is measured at the family's main shape only"))
         else:
             self.add(label, "compile", make())
 
@@ -117,7 +119,7 @@ def _nbytes(*tensors) -> int:
 
 # ---- selected_logp ----
 
-def _selected_logp(rows, V, mode, dtype, device, quick) -> Bound:
+def _selected_logp(rows, V, mode, main, dtype, device, quick) -> Bound:
     from ..logp import selected_logp
 
     g = _gen(device, rows)
@@ -140,7 +142,7 @@ def _selected_logp(rows, V, mode, dtype, device, quick) -> Bound:
         xl, ids = torch.cat([x, x[:1]]).view(1, rows + 1, V), t.view(1, rows)
         return lambda: fused_selective_log_softmax(xl, ids, temperature=1.0)
 
-    b = _Baselines(quick)
+    b = _Baselines(quick, main)
     b.add("torch eager log_softmax + gather", "eager", _call(mode, eager, (x, t), (0,), grads))
     b.compiled("torch.compile gather - logsumexp", lambda: _call(mode, torch.compile(lse), (x, t), (0,), grads))
     if mode == "fwd":  # Liger's selective log-softmax has no standalone backward to time
@@ -153,14 +155,14 @@ def _selected_logp(rows, V, mode, dtype, device, quick) -> Bound:
 def _selected_logp_cases(size):
     V = 257 if size == "tiny" else 151936
     rows = {"full": (16384, 1, 64, 1024), "quick": (4096,), "tiny": (4,)}[size]
-    out = [("fwd", rows[0]), ("fwd+bwd", rows[0])] + [("fwd", r) for r in rows[1:]]
-    return [Case("selected_logp", mode, f"[{r} x {V}]", "bfloat16", partial(_selected_logp, r, V, mode, BF16))
-            for mode, r in out]
+    out = [("fwd", rows[0]), ("fwd+bwd", rows[0])] + [("fwd", r) for r in rows[1:]]  # then decode-sized batches
+    return [Case("selected_logp", mode, f"[{r} x {V}]", "bfloat16",
+                 partial(_selected_logp, r, V, mode, r == rows[0], BF16)) for mode, r in out]
 
 
 # ---- linear_logp ----
 
-def _linear_logp(N, H, V, mode, dtype, device, quick) -> Bound:
+def _linear_logp(N, H, V, mode, main, dtype, device, quick) -> Bound:
     from ..logp import linear_logp
 
     g = _gen(device, N)
@@ -184,7 +186,7 @@ def _linear_logp(N, H, V, mode, dtype, device, quick) -> Bound:
 
         return _call(mode, lambda h, w, t: -linear_cross_entropy(h, w, t, reduction="none"), args, wrt, grads)
 
-    b = _Baselines(quick)
+    b = _Baselines(quick, main)
     b.add("torch eager matmul + log_softmax + gather", "eager", _call(mode, eager, args, wrt, grads))
     b.compiled("torch.compile matmul + log_softmax + gather",
                lambda: _call(mode, torch.compile(eager), args, wrt, grads))
@@ -200,8 +202,8 @@ def _linear_logp_cases(size):
     H, V = (32, 100) if size == "tiny" else (4096, 151936)
     out = {"full": (("fwd", 8192), ("fwd+bwd", 8192), ("fwd+bwd", 2048)),
            "quick": (("fwd", 1024), ("fwd+bwd", 1024)), "tiny": (("fwd", 8), ("fwd+bwd", 8))}[size]
-    return [Case("linear_logp", mode, f"N={N} H={H} V={V}", "bfloat16", partial(_linear_logp, N, H, V, mode, BF16))
-            for mode, N in out]
+    return [Case("linear_logp", mode, f"N={N} H={H} V={V}", "bfloat16",
+                 partial(_linear_logp, N, H, V, mode, N == out[0][1], BF16)) for mode, N in out]
 
 
 # ---- matmul ----
@@ -245,7 +247,7 @@ def _eager_rmsnorm(x, w, residual=None, eps=1e-6):
     return y if residual is None else (y, residual)
 
 
-def _rmsnorm(N, H, residual, mode, dtype, device, quick) -> Bound:
+def _rmsnorm(N, H, residual, mode, main, dtype, device, quick) -> Bound:
     from ..ops.rmsnorm import rms_norm
 
     g = _gen(device, H)
@@ -262,7 +264,7 @@ def _rmsnorm(N, H, residual, mode, dtype, device, quick) -> Bound:
 
         return _call(mode, lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6), args, wrt, grads)
 
-    b = _Baselines(quick)
+    b = _Baselines(quick, main)
     b.add("torch eager RMSNorm (fp32 math)", "eager", _call(mode, _eager_rmsnorm, args, wrt, grads))
     b.compiled("torch.compile RMSNorm", lambda: _call(mode, torch.compile(_eager_rmsnorm), args, wrt, grads))
     if not residual:  # Liger's RMSNorm has no fused residual add
@@ -276,7 +278,7 @@ def _rmsnorm(N, H, residual, mode, dtype, device, quick) -> Bound:
 def _rmsnorm_cases(size):
     N, Hs = {"full": (16384, (4096, 8192)), "quick": (4096, (4096,)), "tiny": (4, (64,))}[size]
     return [Case("rmsnorm", mode, f"[{N} x {H}]{' +residual' if res else ''}", "bfloat16",
-                 partial(_rmsnorm, N, H, res, mode, BF16))
+                 partial(_rmsnorm, N, H, res, mode, H == Hs[0], BF16))
             for H in Hs for res in (False, True) for mode in ("fwd", "fwd+bwd")]
 
 
@@ -585,7 +587,7 @@ FAMILIES: dict[str, Callable[[str], list]] = {
 }
 
 
-def cases(ops=None, size: str = "full") -> list[Case]:
+def select(ops=None, size: str = "full") -> list[Case]:
     """The cases of the families `ops` (None: all, in FAMILIES order) at `size`."""
     from ..errors import InputError
 

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 
 from . import timing
-from .cases import CEILINGS, Bound, Case, cases
+from .cases import CEILINGS, Bound, Case, select
 
 FORMAT = "rlk-triton-bench/1"
 RATIO = ("baseline_ms / rlk_ms: above 1 the library is faster; against a ceiling, the fraction of the "
@@ -142,6 +142,8 @@ def _commit() -> tuple[str, Optional[bool]]:
     if os.environ.get("RLK_COMMIT"):
         return os.environ["RLK_COMMIT"], None
     root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():  # an installed copy: not this checkout's commit to name
+        return "unknown", None
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
@@ -210,7 +212,7 @@ def run(ops=None, quick: bool = False, json_path=None, echo: Optional[Callable[[
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = "full" if not quick else ("quick" if device == "cuda" else "tiny")
-    selected = cases(ops, size)  # an unknown op is named before anything runs
+    selected = select(ops, size)  # an unknown op is named before anything runs
     if device == "cpu" and not quick:
         raise InputError("quick", "without a CUDA GPU the suite runs only with --quick (the Triton interpreter "
                                   "on tiny shapes: CPU figures, not GPU ones)")
