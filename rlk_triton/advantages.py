@@ -142,7 +142,7 @@ def reinforce_pp_baseline(scores, group_ids, mask, *, num_groups: int, valid=Non
     return torch.where(tokens, out, 0.0).float()
 
 
-def masked_whiten(values, mask, *, shift_mean: bool = True, unbiased: bool = True, eps: float = 1e-8,
+def masked_whiten(values, mask=None, *, shift_mean: bool = True, unbiased: bool = True, eps: float = 1e-8,
                   eps_placement: str = "var", mean=None, var=None, backend: str = "triton"):
     """Whiten values over the active tokens of the batch: (v - mean) / den, den = sqrt(var + eps)
     (eps_placement "var", verl's masked_whiten: * rsqrt(var + 1e-8)) or sqrt(var) + eps ("std").
@@ -169,15 +169,14 @@ def masked_whiten(values, mask, *, shift_mean: bool = True, unbiased: bool = Tru
         raise InputError("unbiased", f"must be a bool, got {unbiased!r}")
     eps = _eps(eps)
     _choice("eps_placement", eps_placement, EPS_PLACEMENTS)
+    for name, x in (("mean", mean), ("var", var)):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+                              or (name == "var" and x < 0)):
+            raise InputError(name, f"must be a finite number{' >= 0' if name == 'var' else ''}, got {x!r}")
     if (mean is None) != (var is None):
         raise InputError("var" if var is None else "mean", "pass both mean and var, or neither")
     stats = None
     if mean is not None:
-        for name, x in (("mean", mean), ("var", var)):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise InputError(name, f"must be a finite number, got {x!r}")
-        if var < 0:
-            raise InputError("var", f"must be >= 0, got {var!r}")
         den = math.sqrt(var + eps) if eps_placement == "var" else math.sqrt(var) + eps
         stats = torch.tensor([float(mean), float(var), den], dtype=torch.float32, device=values.device)
     v = values.float().contiguous()

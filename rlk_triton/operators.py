@@ -156,6 +156,10 @@ def _rl_operators() -> list:
             False, {"B": "any", "T": "< 2^24", "num_groups": "any"},
             "per group when token_mean / token_std are passed; otherwise the whitening "
             "statistics are the batch's, as the math says"),
+        _rl("rollout_correction", "rl_losses", "rlk_triton/ops/rollout_correction.py", False, bt,
+            "per sequence: a sequence's weights and keep mask are bitwise its own"),
+        _rl("masked_whiten", "advantages", "rlk_triton/ops/advantages.py", False, bt,
+            "per row when mean / var are passed; otherwise the statistics are the batch's, as the math says"),
     ]
 
 

@@ -659,6 +659,76 @@ def reinforce_pp_row_op(members, T, device, backend="triton") -> RowOp:
     return RowOp(f"reinforce_pp_baseline.{backend}[members={members},T={T}]", forward, make_rows)
 
 
+RC_SPECS = {  # rollout_correction settings of the parity cases, row ops and probes
+    "token_truncate": {"is_level": "token", "is_high": 2.0, "is_low": 0.5},
+    "icepop": {"is_level": "token", "is_mode": "mask", "is_low": 0.5, "is_high": 2.0},
+    "sequence": {"is_level": "sequence", "is_high": 1e30, "log_ratio_clamp": 20.0},
+    "geometric_rs": {"is_level": "geometric", "is_mode": "mask", "is_low": 0.8, "is_high": 1.25,
+                     "rejection": {"token_k1": (0.4, 2.5), "seq_mean_k3": 0.06, "seq_max_k2": 0.5,
+                                   "seq_sum_k1": (1e-3, 1e3)}},
+}
+
+
+def rc_inputs(B, T, seed, device, spread=0.3):
+    """(old_logp, rollout_logp, mask) of rollout_correction: rollout = old + spread * N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 4
+    roll = old + spread * torch.randn(B, T, generator=g)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    return old.to(device), roll.to(device), mask.to(device)
+
+
+def judge_rollout_correction(old, roll, mask, spec, device, backend="triton"):
+    """{is_weights: worst error / contract bound}, with the keep mask required equal to the float64
+    reference's (inputs away from the bounds: the decision is then exact)."""
+    from ..losses import rollout_correction
+    from ..reference.losses import rollout_correction_reference
+
+    rc = rollout_correction(old, roll, mask, backend=backend, **spec)
+    w, keep, _, scale = rollout_correction_reference(_np(old), _np(roll), mask.cpu().numpy(), **spec)
+    out = {"keep": 0.0 if np.array_equal(rc.keep.cpu().numpy(), keep) else float("inf")}
+    if w is not None:
+        bound = contracts.judgment(OP, torch.float32, "forward_accuracy", arch_of(torch.device(device)))["outputs"]
+        out["is_weights"] = contracts.scaled_abs_ratio(rc.weights.cpu(), w, scale, bound["is_weights"])
+    return out
+
+
+def judge_masked_whiten(values, mask, device, backend="triton", **kw):
+    from ..advantages import masked_whiten
+    from ..reference.advantages import masked_whiten_reference
+
+    out = masked_whiten(values, mask, backend=backend, **kw)
+    ref, scale = masked_whiten_reference(_np(values), mask.cpu().numpy(), **kw)
+    return {"whitened": contracts.scaled_abs_ratio(out.cpu(), ref, scale, _adv_bound("whitened", device))}
+
+
+def rollout_correction_row_op(T, device, spec="geometric_rs", backend="triton") -> RowOp:
+    """rollout_correction's weights and keep mask per sequence."""
+    from ..losses import rollout_correction
+
+    def make_rows(n, gen):
+        return rc_inputs(n, T, _seed(gen), device)
+
+    def forward(old, roll, mask):
+        rc = rollout_correction(old, roll, mask, backend=backend, **RC_SPECS[spec])
+        return rc.weights, rc.keep.to(torch.uint8)
+
+    return RowOp(f"rollout_correction.{backend}[T={T},{spec}]", forward, make_rows)
+
+
+def masked_whiten_row_op(T, device, backend="triton") -> RowOp:
+    """masked_whiten with the caller's mean and var (then each row's output is its own)."""
+    from ..advantages import masked_whiten
+
+    def make_rows(n, gen):
+        return (torch.randn(n, T, generator=gen) * 2 + 1).to(device), (torch.rand(n, T, generator=gen) < 0.8).to(device)
+
+    def forward(v, m):
+        return (masked_whiten(v, m, mean=0.5, var=3.0, backend=backend),)
+
+    return RowOp(f"masked_whiten.{backend}[T={T}]", forward, make_rows)
+
+
 # ---- parity cases (seeded, self-describing) ----
 
 @dataclass(frozen=True)
@@ -755,6 +825,31 @@ class ReinforcePPCase:
         return f"B={self.B} groups={self.groups} T={self.T} reinforce++"
 
 
+@dataclass(frozen=True)
+class RolloutCorrectionCase:
+    B: int
+    T: int
+    spec: str = "token_truncate"  # a key of RC_SPECS
+    spread: float = 0.3
+    seed: int = 0
+    dtype = torch.float32
+
+    def label(self) -> str:
+        return f"[{self.B}x{self.T}] rollout_correction {self.spec} spread={self.spread}"
+
+
+@dataclass(frozen=True)
+class WhitenCase:
+    B: int
+    T: int
+    eps_placement: str = "var"
+    seed: int = 0
+    dtype = torch.float32
+
+    def label(self) -> str:
+        return f"[{self.B}x{self.T}] masked_whiten eps on {self.eps_placement}"
+
+
 def judge_case(case, device, backend="triton") -> dict:
     """Judge one parity case of any RL operator: {name: worst error / contract bound} (<= 1 passes)."""
     if isinstance(case, RatioKlCase):
@@ -782,6 +877,14 @@ def judge_case(case, device, backend="triton") -> dict:
         s, gid, ok = group_inputs(case.B, case.groups, case.seed, device)
         m = (torch.rand(case.B, case.T, generator=torch.Generator().manual_seed(case.seed + 1)) < 0.8).to(device)
         return judge_reinforce_pp(s, gid, m, ok, case.groups + 2, device, backend)  # 2 empty groups
+    if isinstance(case, RolloutCorrectionCase):
+        old, roll, mask = rc_inputs(case.B, case.T, case.seed, device, case.spread)
+        return judge_rollout_correction(old, roll, mask, RC_SPECS[case.spec], device, backend)
+    if isinstance(case, WhitenCase):
+        g = torch.Generator().manual_seed(case.seed)
+        v = (torch.randn(case.B, case.T, generator=g) * 3 + 1).to(device)
+        m = (torch.rand(case.B, case.T, generator=g) < 0.8).to(device)
+        return judge_masked_whiten(v, m, device, backend, eps_placement=case.eps_placement)
     raise TypeError(f"not an RL parity case: {case!r}")
 
 
@@ -835,7 +938,24 @@ def rl_harnesses() -> list:
         return [ReinforcePPCase(64, 9, 7, seed=51), ReinforcePPCase(5, 2, 40, seed=52),
                 ReinforcePPCase(1, 1, 3, seed=53)] + big
 
+    def rc_cases(on_gpu):
+        B, T = (64, 8192) if on_gpu else (4, 45)
+        return [RolloutCorrectionCase(B, T, "token_truncate", seed=61), RolloutCorrectionCase(B, T, "icepop", seed=62),
+                RolloutCorrectionCase(B, T, "sequence", 0.01, seed=63),
+                RolloutCorrectionCase(3, 300, "geometric_rs", seed=64)]
+
+    def whiten_cases(on_gpu):
+        B, T = (64, 8192) if on_gpu else (4, 45)
+        return [WhitenCase(B, T, "var", seed=71), WhitenCase(3, 300, "std", seed=72)]
+
     return [
+        Harness("rollout_correction", rc_cases, judge_case,
+                lambda device, on_gpu: [rollout_correction_row_op(8192 if on_gpu else 30, device, backend=b)
+                                        for b in both],
+                _probe_with(RolloutCorrectionCase(2, 9, "token_truncate", seed=65))),
+        Harness("masked_whiten", whiten_cases, judge_case,
+                lambda device, on_gpu: [masked_whiten_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
+                _probe_with(WhitenCase(2, 9, seed=73))),
         Harness("ratio_kl", ratio_kl_cases, judge_case,
                 lambda device, on_gpu: [ratio_kl_row_op(8192 if on_gpu else 30, device, backend=b) for b in both],
                 _probe_with(RatioKlCase(2, 9, "k3", CLAMP, seed=5))),
