@@ -151,6 +151,21 @@ def fold_products(acc, a, b):
     return acc + a * b
 
 
+# ---- Batch statistics over masked tokens: masked_whiten (rlk_triton/ops/advantages.py) ----
+#   1. One program per row folds its BLOCK_T-token tiles in increasing order, each tile reduced by
+#      tl.sum's tree over BLOCK_T lanes (values of inactive lanes are 0): the row's sum and count.
+#   2. One program folds the rows' sums in tiles of BLOCK_B rows in increasing order (tl.sum per
+#      tile): the batch mean = sum / count (counts are int32, exact).
+#   3. Steps 1-2 again on the squared deviations from that mean (two passes: no cancellation): the
+#      variance; the divisor sqrt_rn(var + eps) or sqrt_rn(var) + eps; then an elementwise apply.
+#   Blocks are the locked rl_policy_loss_rows / _batch widths: the order depends on B and T only
+#   through the number of tiles, and padding rows or masked tokens add exact zeros.
+# ---- Per-sequence statistics: rollout_correction (rlk_triton/ops/rollout_correction.py) ----
+#   One program per row: pass 1 folds the row's tiles in increasing order (tl.sum / tl.max per
+#   tile) into its sums of lr, k1, k2, k3, its maxima of k2 / k3 and its count; pass 2 re-reads the
+#   tiles and writes the weights and the keep mask. Nothing crosses rows.
+
+
 # ---- Attention: the online softmax over KV blocks (rlk_triton/ops/attention.py) ----
 # Per query row, state (m, l, acc) in fp32, m in log2 units (scores times scale * log2 e):
 #   1. Start from m = -inf, l = 0, acc = 0. KV blocks of BLOCK_N keys (configs "attention_fwd"; the
