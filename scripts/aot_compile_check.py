@@ -149,15 +149,16 @@ def cases():
     x = _t(64, 8192, dtype=f32)
     token = dict(logp_ptr=x, old_ptr=x, adv_ptr=x, mask_ptr=_t(64, 8192, dtype=torch.uint8), ref_ptr=x, ent_ptr=x,
                  roll_ptr=x, per_token_ptr=x, T=8192, clip_lo=0.8, clip_hi=1.2, dual_c=3.0, kl_coef=0.1,
-                 ent_coef=0.0, tis_cap=2.0, ADV_PER_ROW=False, CISPO=False, DUAL_CLIP=True, HAS_KL=True, KL_EST=3,
-                 HAS_ENTROPY=False, TIS_MODE=1, BLOCK_T=rows.block_v)
+                 ent_coef=0.0, tis_cap=2.0, lr_clamp=20.0, ADV_PER_ROW=False, CISPO=False, DUAL_CLIP=True, HAS_KL=True,
+                 KL_EST=3, HAS_ENTROPY=False, TIS_MODE=1, TIS_PG=True, HAS_LR_CLAMP=True, BLOCK_T=rows.block_v)
+    ns = rl.N_ROW_STATS
     out.append(("rl _policy_loss_rows_kernel (refactored onto _policy_tile_sums)", rl._policy_loss_rows_kernel,
-                dict(token, row_stats_ptr=_t(64, 8, dtype=f32)), rows.num_warps, rows.num_stages))
+                dict(token, row_stats_ptr=_t(64, ns, dtype=f32)), rows.num_warps, rows.num_stages))
     out.append(("rl _policy_loss_tiles_kernel", rl._policy_loss_tiles_kernel,
-                dict(token, tile_stats_ptr=_t(64, 8, 8, dtype=f32)), rows.num_warps, rows.num_stages))
+                dict(token, tile_stats_ptr=_t(64, 8, ns, dtype=f32)), rows.num_warps, rows.num_stages))
     fold = configs.lookup_fixed("rl_policy_loss_batch", "sm90")
     out.append(("rl _policy_loss_fold_kernel", rl._policy_loss_fold_kernel,
-                dict(tile_stats_ptr=_t(64, 8, 8, dtype=f32), row_stats_ptr=_t(64, 8, dtype=f32), B=64, n_tiles=8,
+                dict(tile_stats_ptr=_t(64, 8, ns, dtype=f32), row_stats_ptr=_t(64, ns, dtype=f32), B=64, n_tiles=8,
                      BLOCK_B=fold.block_v), fold.num_warps, 1))
     for H in (4096, 8192):
         cfg = configs.lookup("rmsnorm_fwd", "sm90", bf, H)
