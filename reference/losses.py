@@ -31,6 +31,20 @@ def _active(mask, shape):
     return np.asarray(mask) != 0
 
 
+def _tis(old, rollout_logp, is_weights, tis_mode, tis_cap, active):
+    """(per-token importance weights or None, active): the caller's is_weights; else, with
+    rollout_logp, w = exp(old - rollout) truncated at the cap ("truncate") or tokens with w > cap
+    dropped from active ("mask", weights None)."""
+    if is_weights is not None:
+        return _f64(is_weights), active
+    if rollout_logp is None:
+        return None, active
+    w = np.exp(old - _f64(rollout_logp))
+    if tis_mode == "truncate":
+        return np.minimum(w, tis_cap), active
+    return None, active & (w <= tis_cap)
+
+
 def kl_estimate(logp, ref_logp, estimator="k3"):
     """(kl, d kl / d logp), float64, of the current policy against ref, per token."""
     d = _f64(logp) - _f64(ref_logp)
@@ -117,15 +131,7 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, loss_type="ppo", eps_
             dual = (adv < 0) & (-adv * dual_clip_c < pg)
             pg = np.where(dual, -adv * dual_clip_c, pg)
             dpg = np.where(dual, 0.0, dpg)
-    tw = None
-    if is_weights is not None:
-        tw = _f64(is_weights)
-    elif rollout_logp is not None:
-        w = np.exp(old - _f64(rollout_logp))
-        if tis_mode == "truncate":
-            tw = np.minimum(w, tis_cap)
-        else:
-            active = active & (w <= tis_cap)
+    tw, active = _tis(old, rollout_logp, is_weights, tis_mode, tis_cap, active)
     if tw is not None and tis_scope == "pg":
         pg, dpg = pg * tw, dpg * tw
     loss, dloss = pg, dpg
@@ -237,15 +243,8 @@ def gspo_terms(logp, old_logp, advantages, mask, *, eps_low=3e-4, eps_high=4e-4,
     lp, old = _f64(logp), _f64(old_logp)
     adv = _f64(advantages)
     active = _active(mask, lp.shape)
-    tis = np.ones_like(lp)
-    if is_weights is not None:
-        tis = _f64(is_weights)
-    elif rollout_logp is not None:
-        w = np.exp(old - _f64(rollout_logp))
-        if tis_mode == "truncate":
-            tis = np.minimum(w, tis_cap)
-        else:
-            active = active & (w <= tis_cap)
+    tis, active = _tis(old, rollout_logp, is_weights, tis_mode, tis_cap, active)
+    tis = np.ones_like(lp) if tis is None else tis
     sg = lp if sg_logp is None else _f64(sg_logp)
     n = active.sum(1).astype(np.float64)
     has = n > 0
