@@ -20,8 +20,12 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 REPO=$(git rev-parse --absolute-git-dir 2>/dev/null || echo "$ROOT/.asvrepo")
 [ -d "$REPO" ] || { echo "no git repository: run 'bash scripts/asv_history.sh --pack' in a checkout and carry .asvrepo"; exit 2; }
+# on the GPU machine asv comes as a carried wheel (scripts/device_setup.sh puts .whl on PYTHONPATH)
+python3 -c "import asv" 2>/dev/null || source "$ROOT/scripts/device_setup.sh"
 MACHINE=${ASV_MACHINE:-h200}
-BENCH=${BENCH:-track_device_ms}
+# default: the device time of the cases that history is about (the rollout shapes, the training
+# forward, the LM head, one of each row op, the PPO loss)
+BENCH=${BENCH:-"track_device_ms\\('(fwd M=(1|64) N=4096 K|decode|fwd causal 4 x 8192, 32 q / 8|fwd \\[(1|16384) x 151936|fwd\\+bwd N=8192|fwd\\+bwd \\[16384 x 4096\\] bf|fwd\\+bwd \\[64 x 8192\\] PPO|fwd\\+bwd \\[16384 x 14336|fwd\\+bwd \\[16384 tokens)"}
 CONF=/tmp/asv.history.json
 # the committed config with absolute paths: the repository may be the carried bare clone
 python3 - "$ROOT" "$REPO" "$CONF" <<'EOF'
@@ -45,7 +49,8 @@ for sha in "$@"; do
   (cd "$tree" && timeout "${PER_COMMIT_S:-900}" python3 -m asv run --config "$CONF" --machine "$MACHINE" \
       --set-commit-hash "$full" --quick --show-stderr -b "$BENCH") 2>&1 | grep -v "^ *$" | tail -n 60
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # after each commit: a call cut by its time limit keeps what was measured
+  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/asv-results" && cp -r asv_bench/results/. "$OUT/asv-results/"; fi
 done
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e "$ROOT" 2>&1 | tail -1
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/asv-results" && cp -r asv_bench/results/. "$OUT/asv-results/"; fi
 exit $status
