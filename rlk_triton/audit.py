@@ -38,6 +38,11 @@ _MIDPOINTS = np.sqrt(HIST_EDGES[:-1] * HIST_EDGES[1:])  # what a log bin's value
 # exact one: about 10 ** (1 / (2 * BINS_PER_DECADE)) = 1.0233, half a bin in log space.
 PERCENTILE_MERGE_FACTOR = float(np.max(np.maximum(_MIDPOINTS / HIST_EDGES[:-1], HIST_EDGES[1:] / _MIDPOINTS)))
 
+# verl clamps a log ratio to [-20, 20] before exp in its chi-squared metrics (SAFETY_BOUND).
+VERL_LOG_RATIO_BOUND = 20.0
+# TRL's vllm_importance_sampling_mode values; only the sequence ones are rebuilt from a report.
+TRL_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
 
 class ReportMismatchError(InputError):
     """Reports judged by different laws (op, dtype, arch, judgment, contract id, clip range) or
@@ -68,6 +73,8 @@ class SampleStats:
     """Metrics of one sample (leading dim) over its finite active tokens; None where it has none."""
     active: int
     nonfinite: int
+    dlogp_sum: float | None  # the log of the sequence's importance ratio over its finite active tokens
+    dlogp_mean: float | None
     abs_mean: float | None
     abs_max: float | None
     ratio0: float | None
@@ -110,6 +117,7 @@ class LogpAuditReport:
     sum_kl: float
     sum_pdiff: float  # sum of |exp(train) - exp(rollout)| over the finite active tokens
     sum_pdiff_sq: float  # sum of its squares
+    sum_chi2_token: float  # sum of exp(2 * clamp(dlogp, +-20)) - 1: verl's chi2_token terms
     pdiff_max: float | None
     abs_max: float | None
     worst: TokenRecord | None  # the token of abs_max (the first one on ties)
@@ -154,26 +162,61 @@ class LogpAuditReport:
     def clipfrac0(self) -> float | None:
         return self._mean(self.clipped)
 
-    def framework_metrics(self) -> dict:
+    def framework_metrics(self, *, trl_is_mode: str = "sequence_mask", trl_is_clip_min: float | None = None,
+                          trl_is_clip_max: float | None = 3.0) -> dict:
         """These numbers under the names RL frameworks log, to cross-check them (docs/audit.md).
 
-        Over the finite active tokens, all float64. verl: |exp(train) - exp(rollout)|'s mean, max
-        and std, the std with torch.std's default n - 1 denominator (None for fewer than 2 tokens);
-        slime: mean |dlogp|; TRL: mean and max |dlogp|. None where undefined, never NaN.
+        All float64, over the finite active tokens, or for the per-sequence ones over the samples that
+        have one, with m_i and s_i the mean and the sum of sample i's dlogp. None where there is no
+        finite active token, never NaN.
+        verl: |exp(train) - exp(rollout)|'s mean, max and std (torch.std's n - 1 denominator; None for
+        fewer than 2 tokens); rollout_corr/kl = -mean dlogp, k3_kl = mean exp(d) - 1 - d, log_ppl_diff
+        (and its abs mean, max, min) over samples of -m_i, ppl_ratio = mean exp(-m_i), chi2_token =
+        mean exp(2 clamp(d, +-20)) - 1, chi2_seq = mean over samples of exp(2 clamp(s_i, +-20)) - 1.
+        slime: mean |dlogp|. NeMo-RL: gen_kl_error = mean exp(d) - 1 - d (its default kl_type k3).
+        TRL: mean and max |dlogp|; min, mean and max of the sequence ratios exp(s_i), truncated to or
+        masked to 0 outside [trl_is_clip_min, trl_is_clip_max] as trl_is_mode says (GRPOConfig's
+        vllm_importance_sampling_mode, _clip_min, _clip_max; the defaults are TRL's). The token modes
+        raise InputError: their clamp or mask acts on each token, which the report's sums cannot undo.
         """
+        ratio_of = _trl_sequence_ratio(trl_is_mode, trl_is_clip_min, trl_is_clip_max)
         n = self.finite
         std = None
         if n >= 2:
             s1, s2 = self.sum_pdiff, self.sum_pdiff_sq
             var = (s2 - s1 * (s1 / n)) / (n - 1)  # rounding can make it a hair below 0
             std = None if math.isnan(var) else math.sqrt(max(var, 0.0))  # NaN: the sums overflowed
+        # Per sequence, from the per-sample list (concatenated by merge, so these merge exactly): verl's
+        # mean_rollout - mean_train is -m_i; 0.0 - x rather than -x, so that no -0.0 is reported.
+        seq_sums = [s.dlogp_sum for s in self.per_sample if s.dlogp_sum is not None]
+        log_ppl_diffs = [0.0 - s.dlogp_mean for s in self.per_sample if s.dlogp_mean is not None]
+        k = len(seq_sums)
+
+        def over_samples(values):
+            return _add(values) / k if k else None
+
+        bound = VERL_LOG_RATIO_BOUND
+        trl_ratios = [ratio_of(s) for s in seq_sums]
         return {
             "training/rollout_probs_diff_mean": self.sum_pdiff / n if n else None,
             "training/rollout_probs_diff_max": self.pdiff_max,
             "training/rollout_probs_diff_std": std,
+            "rollout_corr/kl": (0.0 - self.sum_dlogp) / n if n else None,
+            "rollout_corr/k3_kl": self.approx_kl0,
+            "rollout_corr/log_ppl_diff": over_samples(log_ppl_diffs),
+            "rollout_corr/log_ppl_abs_diff": over_samples(abs(x) for x in log_ppl_diffs),
+            "rollout_corr/log_ppl_diff_max": max(log_ppl_diffs) if k else None,
+            "rollout_corr/log_ppl_diff_min": min(log_ppl_diffs) if k else None,
+            "rollout_corr/ppl_ratio": over_samples(_exp(x) for x in log_ppl_diffs),
+            "rollout_corr/chi2_token": self.sum_chi2_token / n if n else None,
+            "rollout_corr/chi2_seq": over_samples(math.expm1(2.0 * min(max(s, -bound), bound)) for s in seq_sums),
             "train_rollout_logprob_abs_diff": self.abs_mean,
             "sampling/sampling_logp_difference/mean": self.abs_mean,
             "sampling/sampling_logp_difference/max": self.abs_max,
+            "sampling/importance_sampling_ratio/min": min(trl_ratios) if k else None,
+            "sampling/importance_sampling_ratio/mean": over_samples(trl_ratios),
+            "sampling/importance_sampling_ratio/max": max(trl_ratios) if k else None,
+            "gen_kl_error": self.approx_kl0,
         }
 
     @property
@@ -254,7 +297,7 @@ class LogpAuditReport:
             samples=offset, **{k: sum(getattr(r, k) for r in reports)
                                for k in ("tokens", "active", "nonfinite", "nonfinite_inputs", "exact", "clipped")},
             **{k: _add(getattr(r, k) for r in reports)
-               for k in ("sum_dlogp", "sum_abs", "sum_ratio", "sum_kl", "sum_pdiff", "sum_pdiff_sq")},
+               for k in ("sum_dlogp", "sum_abs", "sum_ratio", "sum_kl", "sum_pdiff", "sum_pdiff_sq", "sum_chi2_token")},
             pdiff_max=max(pdiff_maxes) if pdiff_maxes else None,
             abs_max=abs_max, worst=worst, first_nonfinite=first_nonfinite, first_nonfinite_input=first_bad_input,
             worst_ratio=max(ratios) if ratios else None,
@@ -427,12 +470,14 @@ class LogpAudit:
         row_max = a.amax(1) if T else a.new_zeros(B)  # a is 0 off the finite active tokens
         # |exp(t) - exp(r)| = exp(max(t, r)) * (1 - exp(-|d|)): no cancellation, no inf - inf.
         pdiff = torch.where(finite & (a != 0), torch.exp(torch.maximum(t64, r64)) * -torch.expm1(-a), 0.0)
+        # verl's rho^2 - 1 on its clamped log ratio, as expm1 so that the 1 does not cancel (0 where d is 0).
+        chi2 = torch.expm1(2.0 * d.clamp(-VERL_LOG_RATIO_BOUND, VERL_LOG_RATIO_BOUND))
 
         rows_i = torch.stack([active.sum(1), nonfinite.sum(1), finite.sum(1), (finite & (a == 0)).sum(1),
                               clipped.sum(1)])  # int64 counts per sample, exact
         rows_f = torch.stack([d.sum(1), a.sum(1), ratio.sum(1), kl.sum(1), row_max])
         counts = torch.cat([rows_i.sum(1), bad_input.sum().reshape(1)])  # _I_ACTIVE .. _I_BAD_INPUT
-        sums = torch.cat([rows_f[:4].sum(1), torch.stack([pdiff.sum(), pdiff.square().sum()])])
+        sums = torch.cat([rows_f[:4].sum(1), torch.stack([pdiff.sum(), pdiff.square().sum(), chi2.sum()])])
 
         part = _Part(B, T, len(shape))
         if numel:
@@ -455,7 +500,7 @@ class LogpAudit:
             part.meta = _metadata_on_device(metadata, shape, device, pick)
         else:
             flat = torch.zeros(3, dtype=torch.int64, device=device)
-            tail = t64.new_zeros(_N_FLOATS - 6)
+            tail = t64.new_zeros(_N_FLOATS - _N_SUMS)
             part.meta = _metadata_on_device(metadata, shape, device, None)
         ok = torch.ones((), dtype=torch.bool, device=device)
         flags = torch.stack([ok if mask_ok is None else mask_ok, ok if scale_ok is None else scale_ok])
@@ -500,8 +545,8 @@ class LogpAudit:
             return LogpAuditReport(
                 **law, clip_range=self.clip_range, samples=0, tokens=0, active=0, nonfinite=0,
                 nonfinite_inputs=0, exact=0, clipped=0, sum_dlogp=0.0, sum_abs=0.0, sum_ratio=0.0,
-                sum_kl=0.0, sum_pdiff=0.0, sum_pdiff_sq=0.0, pdiff_max=None, abs_max=None, worst=None,
-                first_nonfinite=None, first_nonfinite_input=None, worst_ratio=None,
+                sum_kl=0.0, sum_pdiff=0.0, sum_pdiff_sq=0.0, sum_chi2_token=0.0, pdiff_max=None, abs_max=None,
+                worst=None, first_nonfinite=None, first_nonfinite_input=None, worst_ratio=None,
                 histogram=(0,) * HIST_BINS, exact_percentiles=None, per_sample=())
         host = torch.cat([t for p in self._parts for t in p.tensors] + [self._hist]).cpu().numpy()
         reader = _Reader(host)
@@ -521,7 +566,7 @@ class LogpAudit:
     def _part_report(self, part, ints, floats, rows_i, rows_f, metas, picks) -> LogpAuditReport:
         """One add()'s report from its host values (histogram left empty: the accumulated one is set)."""
         n_active, n_nonfinite, n_finite, n_exact, n_clipped, n_bad_input = ints[:_I_FLAT]
-        s_dlogp, s_abs, s_ratio, s_kl, s_pdiff, s_pdiff_sq, key_at, *vals, worst_ratio, pdiff_max = floats
+        s_dlogp, s_abs, s_ratio, s_kl, s_pdiff, s_pdiff_sq, s_chi2, key_at, *vals, worst_ratio, pdiff_max = floats
         B, T = part.B, part.T
 
         def token(slot):
@@ -531,8 +576,9 @@ class LogpAudit:
         per_sample = []
         for i in range(B):
             act, bad, fin, _, clp = (c[i] for c in rows_i)
-            _, sa, sr, sk, mx = (s[i] for s in rows_f)
-            per_sample.append(SampleStats(act, bad, sa / fin if fin else None, mx if fin else None,
+            sd, sa, sr, sk, mx = (s[i] for s in rows_f)
+            per_sample.append(SampleStats(act, bad, sd if fin else None, sd / fin if fin else None,
+                                          sa / fin if fin else None, mx if fin else None,
                                           sr / fin if fin else None, sk / fin if fin else None,
                                           clp / fin if fin else None))
         exact_pct = None
@@ -543,7 +589,7 @@ class LogpAudit:
             **self._law, clip_range=self.clip_range, samples=B, tokens=B * T, active=n_active,
             nonfinite=n_nonfinite, nonfinite_inputs=n_bad_input, exact=n_exact, clipped=n_clipped,
             sum_dlogp=s_dlogp, sum_abs=s_abs, sum_ratio=s_ratio, sum_kl=s_kl, sum_pdiff=s_pdiff,
-            sum_pdiff_sq=s_pdiff_sq, pdiff_max=pdiff_max if n_finite else None,
+            sum_pdiff_sq=s_pdiff_sq, sum_chi2_token=s_chi2, pdiff_max=pdiff_max if n_finite else None,
             abs_max=key_at if n_finite else None, worst=token(0) if n_finite else None,
             first_nonfinite=token(1) if n_nonfinite else None,
             first_nonfinite_input=token(2) if n_bad_input else None,
@@ -583,7 +629,8 @@ def compare_logp(train_logp, rollout_logp, mask=None, *, op: str = "selected_log
 _I_ACTIVE, _I_NONFINITE, _I_FINITE, _I_EXACT, _I_CLIPPED, _I_BAD_INPUT, _I_FLAT = range(7)
 _I_MASK_OK, _I_SCALE_OK = _I_FLAT + 3, _I_FLAT + 4
 _N_INTS = _I_FLAT + 5
-_N_FLOATS = 6 + 1 + 6 + 2  # sums; |dlogp| at the worst token; (train, rollout) at its 3 tokens; ratio, pdiff max
+_N_SUMS = 7
+_N_FLOATS = _N_SUMS + 1 + 6 + 2  # sums; |dlogp| at the worst token; (train, rollout) at its 3 tokens; ratio, pdiff max
 _PACKED_KINDS = ("bool", "int", "float")
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -817,6 +864,40 @@ def _histogram_quantiles(histogram, n: int, abs_max: float) -> tuple:
         return float(reps[int(np.searchsorted(cum, k, side="right"))])
 
     return tuple(_lerp(order_stat(lo), order_stat(hi), g) for lo, hi, g in _order_positions(n))
+
+
+def _exp(x: float) -> float:
+    """math.exp, inf where it overflows (math.exp raises there, torch gives inf)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _trl_sequence_ratio(mode, clip_min, clip_max):
+    """TRL's sequence importance weight as a function of a sample's dlogp sum s: exp(s), clamped to
+    [clip_min, clip_max] (sequence_truncate) or set to 0 outside it (sequence_mask); None: no bound."""
+    if mode not in TRL_IS_MODES:
+        raise InputError("trl_is_mode", f"must be one of {TRL_IS_MODES}, got {mode!r}")
+    if not mode.startswith("sequence"):
+        raise InputError("trl_is_mode", f"{mode!r} clamps or masks each token's ratio; the report keeps sums "
+                                        "over tokens, so only the sequence modes can be rebuilt")
+    for arg, v in (("trl_is_clip_min", clip_min), ("trl_is_clip_max", clip_max)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v)):
+            raise InputError(arg, f"must be a number or None, got {v!r}")
+    lo = -math.inf if clip_min is None else float(clip_min)
+    hi = math.inf if clip_max is None else float(clip_max)
+    if lo > hi:
+        raise InputError("trl_is_clip_min", f"{clip_min!r} is above trl_is_clip_max {clip_max!r}")
+    truncate = mode == "sequence_truncate"
+
+    def ratio(s):
+        r = _exp(s)
+        if truncate:
+            return min(max(r, lo), hi)
+        return r if lo <= r <= hi else 0.0  # TRL masks r < clip_min and r > clip_max
+
+    return ratio
 
 
 def _add(values) -> float:

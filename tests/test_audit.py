@@ -587,7 +587,17 @@ def test_nonfinite_inputs_are_counted_and_reported_never_swallowed():
 
 FRAMEWORK_KEYS = {"training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
                   "training/rollout_probs_diff_std", "train_rollout_logprob_abs_diff",
-                  "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"}
+                  "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                  "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/log_ppl_diff",
+                  "rollout_corr/log_ppl_abs_diff", "rollout_corr/log_ppl_diff_max", "rollout_corr/log_ppl_diff_min",
+                  "rollout_corr/ppl_ratio", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
+                  "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                  "sampling/importance_sampling_ratio/max", "gen_kl_error"}
+VERL_TOKEN_KEYS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token")
+SEQUENCE_KEYS = ("rollout_corr/log_ppl_diff", "rollout_corr/log_ppl_abs_diff", "rollout_corr/log_ppl_diff_max",
+                 "rollout_corr/log_ppl_diff_min", "rollout_corr/ppl_ratio", "rollout_corr/chi2_seq",
+                 "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                 "sampling/importance_sampling_ratio/max")
 
 
 def _numpy_probs_diff(train, rollout, mask):
@@ -654,14 +664,226 @@ def test_framework_metrics_merge_exactly():
         _assert_probs_diff(merged, *_numpy_probs_diff(train, rollout, mask.bool()))
 
 
+def _framework_batch(seed, B=10, T=24):
+    """A masked float32 batch: an empty row, a single-token row, interior holes, a non-finite token, a
+    row whose only active token is non-finite, a row far off (its TRL sequence ratio is masked) and a
+    token 25 below (past verl's -20 clamp of the log ratio)."""
+    train, rollout, mask = _batch(B=B, T=T, seed=seed)
+    mask[0] = False
+    mask[1] = False
+    mask[1, 9] = True
+    mask[2] = True
+    mask[2, 3:7] = False
+    rollout[3, 5], mask[3, 5] = math.nan, True
+    mask[4] = False
+    train[4, 2], mask[4, 2] = math.nan, True
+    train[6] = rollout[6] + 0.15
+    train[7, 0], mask[7, 0] = rollout[7, 0] - 25.0, True
+    return train, rollout, mask
+
+
+def _gamma(n):
+    """Higham's bound on the relative error of a float64 sum of n terms, in any order, with slack."""
+    u = EPS / 2
+    return (n + 2) * u / (1 - (n + 2) * u)
+
+
+def _finite_rows(train, rollout, mask):
+    """float64 (train, rollout) of each sample's finite active tokens, for the samples that have one."""
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    keep = m.astype(bool) & np.isfinite(np.where(t == r, 0.0, t - r))
+    return [(t[i][keep[i]], r[i][keep[i]]) for i in range(t.shape[0]) if keep[i].any()]
+
+
+def _verl_rollout_corr(rows):
+    """verl's compute_offpolicy_metrics (verl/trainer/ppo/rollout_corr_helper.py) transcribed to float64
+    NumPy over the finite active tokens: {key: (value, bound on |ours - value|)}.
+
+    The bounds are derived, not tuned: sums within _gamma(n) of the terms' absolute sum in either
+    summation order; exp and expm1 within 3 ulps (NumPy's SIMD exp documents < 2.52); dlogp and each
+    difference, product and division rounded once; exp's Lipschitz constant exp(x + e) for an error e
+    in its argument, for the per-sequence metrics whose arguments come from differently ordered sums.
+    """
+    t, r = (np.concatenate(side) for side in zip(*rows))
+    n, k = t.size, len(rows)
+    log_ratio = t - r  # verl: old_log_prob - rollout_log_prob
+    out = {}
+
+    def mean_of(key, terms, err=0.0):  # terms' mean; err bounds each term's difference from ours
+        value = terms.mean()
+        out[key] = value, (2 * _gamma(terms.size) * np.abs(terms).sum() + np.sum(err)) / terms.size + EPS * abs(value)
+
+    mean_of("rollout_corr/kl", r - t)  # ours negates each dlogp: the same terms up to sign
+    k3 = np.exp(log_ratio) - log_ratio - 1
+    mean_of("rollout_corr/k3_kl", k3, 8 * EPS * (np.exp(log_ratio) + np.abs(log_ratio) + 1))
+    rho2 = np.exp(np.clip(log_ratio, -20.0, 20.0)) ** 2
+    chi2 = rho2.mean() - 1.0  # verl: mean of rho^2, then - 1; ours: mean of expm1(2 clamp)
+    out["rollout_corr/chi2_token"] = chi2, ((_gamma(n) + 8 * EPS) * (rho2.sum() + np.abs(rho2 - 1).sum()) / n
+                                           + EPS * (abs(chi2) + 1))
+
+    mean_t = np.array([a.mean() for a, _ in rows])
+    mean_r = np.array([b.mean() for _, b in rows])
+    log_ppl_diff = mean_r - mean_t  # verl: mean_log_prob_rollout - mean_log_prob_training, per sequence
+    # Ours is -(sum of dlogp) / n_i per sample: both sides' sums, ours and the reference's, may be off.
+    e = np.array([_gamma(a.size) * (np.abs(a).sum() + np.abs(b).sum() + 2 * np.abs(a - b).sum()) / a.size
+                  for a, b in rows]) + EPS * (np.abs(mean_t) + np.abs(mean_r) + np.abs(log_ppl_diff))
+    mean_of("rollout_corr/log_ppl_diff", log_ppl_diff, e)
+    mean_of("rollout_corr/log_ppl_abs_diff", np.abs(log_ppl_diff), e)
+    out["rollout_corr/log_ppl_diff_max"] = log_ppl_diff.max(), e.max()
+    out["rollout_corr/log_ppl_diff_min"] = log_ppl_diff.min(), e.max()
+    mean_of("rollout_corr/ppl_ratio", np.exp(log_ppl_diff), np.exp(log_ppl_diff + e) * (e + 6 * EPS))
+    seq = np.clip(np.array([(a - b).sum() for a, b in rows]), -20.0, 20.0)  # verl: masked_sum, clamp
+    ds = np.array([2 * _gamma(a.size) * np.abs(a - b).sum() for a, b in rows])  # the same terms, another order
+    w = np.exp(2.0 * seq)
+    chi2_seq = w.mean() - 1.0
+    out["rollout_corr/chi2_seq"] = chi2_seq, ((_gamma(k) * (w.sum() + np.abs(w - 1).sum())
+                                               + (np.exp(2 * (seq + ds)) * (2 * ds + 6 * EPS)).sum()) / k
+                                              + EPS * (abs(chi2_seq) + 1))
+    return out
+
+
+def _trl_importance_sampling_ratio(rows, mode, clip_min, clip_max):
+    """TRL GRPOTrainer's sequence importance sampling ratio stats (trl/trainer/grpo_trainer.py) in
+    float64 NumPy: exp of each sequence's sum of (old - sampling) logps over its mask, clamped to
+    (sequence_truncate) or set to 0 outside (sequence_mask) [clip_min, clip_max]; then min, mean, max.
+    {key: (value, bound)}, with each ratio's bound exp(s + ds) (ds + 6 eps) (clamping is 1-Lipschitz) and
+    a check that no ratio lies within its bound of a mask edge, where the two could decide differently."""
+    s = np.array([(a - b).sum() for a, b in rows])
+    ds = np.array([2 * _gamma(a.size) * np.abs(a - b).sum() for a, b in rows])
+    ratio = np.exp(s)
+    err = np.exp(s + ds) * (ds + 6 * EPS)
+    if mode == "sequence_truncate":
+        ratio = np.clip(ratio, clip_min, clip_max)
+    else:
+        for edge in (clip_min, clip_max):
+            if edge is not None:
+                assert np.all(np.abs(np.exp(s) - edge) > 2 * err), "a ratio sits on a mask edge: pick another seed"
+        lo = -math.inf if clip_min is None else clip_min
+        hi = math.inf if clip_max is None else clip_max
+        ratio = np.where((ratio < lo) | (ratio > hi), 0.0, ratio)
+    k = ratio.size
+    mean = ratio.mean()
+    return {"sampling/importance_sampling_ratio/min": (ratio.min(), err.max()),
+            "sampling/importance_sampling_ratio/mean": (mean, (2 * _gamma(k) * ratio.sum() + err.sum()) / k
+                                                        + EPS * mean),
+            "sampling/importance_sampling_ratio/max": (ratio.max(), err.max())}
+
+
+def _assert_within(fm, want):
+    for key, (value, bound) in want.items():
+        assert fm[key] is not None and abs(fm[key] - value) <= bound, (key, fm[key], value, bound)
+
+
+TRL_SETTINGS = (("sequence_mask", None, 3.0), ("sequence_mask", 0.5, 2.0), ("sequence_truncate", None, 3.0),
+                ("sequence_truncate", 0.5, 2.0))
+
+
+def test_framework_metrics_rollout_corr_gen_kl_and_trl_ratio_match_numpy_float64():
+    train, rollout, mask = _framework_batch(seed=30)
+    rep = _bitwise(train, rollout, mask)
+    rows = _finite_rows(train, rollout, mask)
+    assert [s.dlogp_sum is not None for s in rep.per_sample] == [False, True, True, True, False] + [True] * 5
+    assert len(rows) == 8 and rows[0][0].size == 1 and rep.nonfinite == 2
+    fm = rep.framework_metrics()
+    assert set(fm) == FRAMEWORK_KEYS and rep.to_dict()["framework_metrics"] == fm
+    json.dumps(rep.to_dict(), allow_nan=False)
+    want = _verl_rollout_corr(rows)
+    _assert_within(fm, want)
+    assert fm["rollout_corr/k3_kl"] == fm["gen_kl_error"] == rep.approx_kl0  # the same k3 mean, one accumulator
+    assert fm["rollout_corr/kl"] == -rep.dlogp_mean
+    for mode, lo, hi in TRL_SETTINGS:
+        got = rep.framework_metrics(trl_is_mode=mode, trl_is_clip_min=lo, trl_is_clip_max=hi)
+        _assert_within(got, _trl_importance_sampling_ratio(rows, mode, lo, hi))
+        assert {k: v for k, v in got.items() if "importance_sampling_ratio" not in k} == {
+            k: v for k, v in fm.items() if "importance_sampling_ratio" not in k}
+    assert fm == rep.framework_metrics(trl_is_mode="sequence_mask", trl_is_clip_min=None, trl_is_clip_max=3.0)
+    assert fm["sampling/importance_sampling_ratio/min"] == 0.0  # row 6's ratio, about exp(3), is masked
+    t, r, m = (x.double().numpy() for x in (train, rollout, mask))
+    for i, s in enumerate(rep.per_sample):
+        if s.dlogp_sum is not None:
+            keep = m[i].astype(bool) & np.isfinite(t[i] - r[i])
+            _assert_mean(s.dlogp_sum / keep.sum(), t[i][keep] - r[i][keep])
+            assert s.dlogp_mean == s.dlogp_sum / keep.sum()
+
+
+def test_framework_metrics_rollout_corr_and_sequence_ratio_merge_exactly():
+    train, rollout, mask = _framework_batch(seed=31)
+    cuts = ((0, 3), (3, 4), (4, 10))
+    reps = [_bitwise(train[a:b], rollout[a:b], mask[a:b]) for a, b in cuts]
+    acc = audit.LogpAudit(dtype="float32", expect_bitwise=True)
+    for a, b in cuts:
+        acc.add(train[a:b], rollout[a:b], mask[a:b])
+    whole = _bitwise(train, rollout, mask)
+    want = _verl_rollout_corr(_finite_rows(train, rollout, mask))
+    for merged in (audit.merge_reports(reps), audit.merge_across_ranks(audit.merge_reports(reps)), acc.report()):
+        total = 0.0
+        for r in reps:
+            total += r.sum_chi2_token
+        assert merged.sum_chi2_token == total
+        # Per-sequence metrics come from the per-sample list, which merges by concatenation: bit for bit.
+        assert merged.per_sample == whole.per_sample
+        for mode, lo, hi in TRL_SETTINGS:
+            kw = {"trl_is_mode": mode, "trl_is_clip_min": lo, "trl_is_clip_max": hi}
+            fm, fw = merged.framework_metrics(**kw), whole.framework_metrics(**kw)
+            assert {k: fm[k] for k in SEQUENCE_KEYS} == {k: fw[k] for k in SEQUENCE_KEYS}
+        _assert_within(merged.framework_metrics(), want)  # the token means, from merged sums
+
+
 def test_framework_metrics_are_none_where_undefined():
     train, rollout, mask = _batch(B=2, T=5, seed=29)
     none = _bitwise(train, rollout, torch.zeros_like(mask)).framework_metrics()
     assert set(none) == FRAMEWORK_KEYS and all(v is None for v in none.values())
+    nan = train.clone()
+    nan[mask] = math.nan  # active tokens, but none finite: no token and no sample to average over
+    rep = _bitwise(nan, rollout, mask)
+    assert rep.active > 0 and all(v is None for v in rep.framework_metrics().values())
     one = torch.zeros_like(mask)
     one[1, 3] = True
     fm = _bitwise(train, rollout, one).framework_metrics()
     assert fm["training/rollout_probs_diff_std"] is None  # torch.std of one value is NaN: reported as None
     assert fm["training/rollout_probs_diff_max"] == fm["training/rollout_probs_diff_mean"] is not None
+    assert all(fm[k] is not None for k in FRAMEWORK_KEYS - {"training/rollout_probs_diff_std"})
+    # One token in one sample: the sequence's log-ppl difference is the token's -dlogp, verl's kl too.
+    assert (fm["rollout_corr/log_ppl_diff"] == fm["rollout_corr/log_ppl_diff_max"] == fm["rollout_corr/log_ppl_diff_min"]
+            == fm["rollout_corr/kl"])
     same = _bitwise(train, train.clone(), mask).framework_metrics()
     assert same["training/rollout_probs_diff_std"] == 0.0 and same["sampling/sampling_logp_difference/max"] == 0.0
+    assert all(same[k] == 0.0 for k in VERL_TOKEN_KEYS + ("rollout_corr/log_ppl_diff", "rollout_corr/chi2_seq"))
+    assert same["rollout_corr/ppl_ratio"] == same["sampling/importance_sampling_ratio/mean"] == 1.0
+    assert math.copysign(1.0, same["rollout_corr/kl"]) == 1.0  # 0.0, not -0.0
+
+
+@pytest.mark.parametrize("kw, argument", [
+    ({"trl_is_mode": "token_truncate"}, "trl_is_mode"),  # per-token clamps: not rebuilt from sums
+    ({"trl_is_mode": "token_mask"}, "trl_is_mode"),
+    ({"trl_is_mode": "sequence"}, "trl_is_mode"),
+    ({"trl_is_clip_max": math.nan}, "trl_is_clip_max"),
+    ({"trl_is_clip_min": True}, "trl_is_clip_min"),
+    ({"trl_is_clip_min": 4.0}, "trl_is_clip_min"),  # above the default clip_max 3.0
+])
+def test_framework_metrics_bad_trl_settings_raise(kw, argument):
+    train, rollout, mask = _batch(B=2, T=5, seed=32)
+    for rep in (_bitwise(train, rollout, mask), _bitwise(train, rollout, torch.zeros_like(mask))):
+        with pytest.raises(errors.InputError) as info:
+            rep.framework_metrics(**kw)
+        assert info.value.argument == argument
+
+
+def test_verl_chi2_clamps_the_log_ratio_at_20():
+    """A token 25 above and a sequence of three 8s (each inside, their sum 24 past the clamp): verl's
+    rho = exp(clamp(log ratio, -20, 20)) per token and per sequence sum, as transcribed."""
+    rollout = torch.full((3, 4), -1.0)
+    train = rollout.clone()
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    train[0, 1], mask[0, 1] = 24.0, True
+    train[1, :3], mask[1, :3] = 7.0, True
+    train[2, 2], mask[2, 2] = -1.5, True
+    rep = _bitwise(train, rollout, mask)
+    fm = rep.framework_metrics()
+    want = _verl_rollout_corr(_finite_rows(train, rollout, mask))
+    _assert_within(fm, want)
+    d = np.array([25.0, 8.0, 8.0, 8.0, -0.5])
+    unclamped_token = np.mean(np.exp(2 * d)) - 1
+    unclamped_seq = np.mean(np.exp(2 * np.array([25.0, 24.0, -0.5]))) - 1
+    assert abs(unclamped_token - want["rollout_corr/chi2_token"][0]) > 1e3 * want["rollout_corr/chi2_token"][1]
+    assert abs(unclamped_seq - want["rollout_corr/chi2_seq"][0]) > 1e3 * want["rollout_corr/chi2_seq"][1]
