@@ -21,7 +21,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
-        if "slow" in item.keywords and not config.getoption("--runslow"):
+        # slow means slow under the interpreter: on a GPU these run
+        if "slow" in item.keywords and not HAS_GPU and not config.getoption("--runslow"):
             item.add_marker(pytest.mark.skip(reason="slow under the interpreter: --runslow"))
 
 
