@@ -146,10 +146,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opt
         out [N, Hq, D] in q's dtype (fp32 acc / l, rounded once at the store) and lse float32
         [Hq, N], lse[h, t] = log sum_j exp(scale * q[t, h] . k[j, h // (Hq / Hkv)]) over visible j.
     """
-    from .ops.attention import attention_fwd
+    from .ops.attention import call_attention_fwd
 
     cu, max_seqlen, scale = _check_training(q, k, v, cu_seqlens, max_seqlen, scale, validate)
-    return attention_fwd(q, k, v, cu, max_seqlen, scale, bool(causal))
+    return call_attention_fwd(q, k, v, cu, max_seqlen, scale, bool(causal))
 
 
 def attention_partial(q, k, v, cu_seqlens=None, *, kv_start: int = 0, kv_end: Optional[int] = None,

@@ -77,7 +77,7 @@ def selected_logp(
     if backend == "torch_reference":
         logp, entropy = _torch_reference(logits, flat_targets, t_value, t_rows, ignore_index, return_entropy)
     else:
-        logp, entropy, _, _ = _op.selected_logp_fwd(
+        logp, entropy, _, _ = _op.call_selected_logp_fwd(
             logits, flat_targets, None, t_value, t_rows, int(ignore_index), bool(return_entropy)
         )
     logp = logp.view(target_ids.shape)
@@ -139,7 +139,7 @@ def selected_logp_indexed(
         logp, entropy = _torch_reference_indexed(logits, target_ids.reshape(-1), row_indices, t_value, t_rows,
                                                  ignore_index, return_entropy)
     else:
-        logp, entropy, _, _ = _op.selected_logp_fwd(
+        logp, entropy, _, _ = _op.call_selected_logp_fwd(
             logits, target_ids.contiguous(), row_indices, t_value, t_rows, int(ignore_index),
             bool(return_entropy),
         )
@@ -210,7 +210,7 @@ def linear_logp(
         if tp_group is not None:
             _check_shards(tp_group, vocab_start_index, V_local, global_V, hidden2d, flat_targets)
     if tp_group is None:
-        logp, entropy, _, _ = _linear_op.linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
+        logp, entropy, _, _ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
                                                          int(ignore_index), bool(return_entropy))
     else:
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,

@@ -195,7 +195,7 @@ def ratio_kl(
     _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     if log_ratio_clamp is not None:
         log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
-    fwd = _torch_reference.ratio_kl if backend == "torch_reference" else _op.ratio_kl_fwd
+    fwd = _torch_reference.ratio_kl if backend == "torch_reference" else _op.call_ratio_kl_fwd
     log_ratio, ratio, kl = fwd(
         logp.contiguous(), old_logp.contiguous(), None if ref_logp is None else ref_logp.contiguous(),
         mask_u8, kl_estimator, log_ratio_clamp,
@@ -288,7 +288,7 @@ def policy_loss(
         log_ratio_clamp = _positive("log_ratio_clamp", log_ratio_clamp, allow_inf=True)
     norm_value, norm_tensor = _check_normalizer(normalizer, aggregation, logp, validate)
 
-    fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.policy_loss_fwd
+    fwd = _torch_reference.policy_loss if backend == "torch_reference" else _op.call_policy_loss_fwd
     loss, per_token, diag, *_row_weight = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
         t.rollout_logp, norm_tensor, norm_value, loss_type, aggregation, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c,
@@ -368,7 +368,7 @@ def gspo_loss(
         raise InputError("normalizer", "seq-mean-token-sum-norm divides by a constant the caller chooses")
     t = _token_terms(logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, rollout_logp, tis_cap, tis_mode,
                      is_weights, tis_scope)
-    fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.gspo_loss_fwd
+    fwd = _torch_reference.gspo_loss if backend == "torch_reference" else _gspo.call_gspo_loss_fwd
     loss, seq_loss, diag, *_aux = fwd(
         logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_u8, t.ref_logp, t.entropy,
         t.rollout_logp, 1.0 - eps_low, 1.0 + eps_high, normalizer, t.kl_coef, kl_estimator, t.entropy_coef,

@@ -44,6 +44,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
+from .dispatch import autograd_op
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -615,4 +616,4 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None
 
 
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_attention_fwd = autograd_op(attention_fwd, _backward, _setup_context)

@@ -18,6 +18,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
+from .dispatch import autograd_op
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -163,7 +164,7 @@ def _backward(ctx, grad_out):
     return None, dw, None
 
 
-embedding_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_embedding_fwd = autograd_op(embedding_fwd, _backward, _setup_context)
 
 
 # ---- the public op ----
@@ -206,7 +207,7 @@ def embedding(token_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None
         if bool(bad.any()):  # the one host sync of validation
             at = int(bad.nonzero()[0, 0])
             raise IdRangeError("token_ids", f"id {int(flat[at])} at flat position {at} is outside [0, {V})")
-    out = embedding_fwd(flat, weight, pad)
+    out = call_embedding_fwd(flat, weight, pad)
     return out.view(*token_ids.shape, weight.shape[1])
 
 

@@ -33,6 +33,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .rl_losses import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, TIS_SCOPES, _kl_and_grad
+from .dispatch import autograd_op
 
 DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")  # policy_loss's, in its order
 N_ROWS = 7  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum, log-ratio sum
@@ -319,4 +320,4 @@ def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
     return tuple(grads)
 
 
-gspo_loss_fwd.register_autograd(_backward, setup_context=_setup)
+call_gspo_loss_fwd = autograd_op(gspo_loss_fwd, _backward, _setup)

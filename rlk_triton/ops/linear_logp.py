@@ -30,6 +30,7 @@ from .._runtime import arch_of
 from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
+from .dispatch import autograd_op
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
@@ -398,7 +399,7 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
     return dh, dw, (db if bias is not None else None), None, None, None, None
 
 
-linear_logp_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_linear_logp_fwd = autograd_op(linear_logp_fwd, _backward, _setup_context)
 
 
 # ---- vocab-parallel shards (tensor parallelism) ----

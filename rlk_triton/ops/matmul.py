@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of, interpreter_active
+from .dispatch import autograd_op
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -329,7 +330,7 @@ def _matmul_backward(ctx, grad):
     return da, db, dbias
 
 
-_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+call_matmul = autograd_op(_matmul_op, _matmul_backward, _matmul_setup)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -364,5 +365,5 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     lead = a.shape[:-1]
     # not reshape(-1, K): with K = 0 (or any empty a) the -1 could be anything
     a2d = a.reshape(math.prod(lead), a.shape[-1])
-    out = _matmul_op(a2d, b, bias.contiguous() if bias is not None else None)
+    out = call_matmul(a2d, b, bias.contiguous() if bias is not None else None)
     return out.reshape(*lead, b.shape[1])

@@ -32,6 +32,7 @@ import triton.language as tl
 from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
+from .dispatch import autograd_op
 
 # low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
 # slime's "low_var_kl"), no gradient beyond either clamp.
@@ -666,7 +667,7 @@ def _ratio_kl_backward(ctx, g_lr, g_ratio, g_kl):
     return grad, None, None, None, None, None
 
 
-ratio_kl_fwd.register_autograd(_ratio_kl_backward, setup_context=_ratio_kl_setup_context)
+call_ratio_kl_fwd = autograd_op(ratio_kl_fwd, _ratio_kl_backward, _ratio_kl_setup_context)
 
 
 @torch.library.custom_op("rlk_triton::rl_policy_loss_fwd", mutates_args=())
@@ -743,4 +744,4 @@ def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weigh
     return tuple(grads)
 
 
-policy_loss_fwd.register_autograd(_policy_backward, setup_context=_policy_setup_context)
+call_policy_loss_fwd = autograd_op(policy_loss_fwd, _policy_backward, _policy_setup_context)

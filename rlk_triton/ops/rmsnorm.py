@@ -35,6 +35,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
+from .dispatch import autograd_op
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = interpreter_active()
@@ -363,7 +364,7 @@ def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
             (dres if with_dres else dx) if need_res else None, None, None)
 
 
-rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_rms_norm_fwd = autograd_op(rms_norm_fwd, _backward, _setup_context)
 
 
 # ---- the public function ----
@@ -394,7 +395,7 @@ def rms_norm(
     H = _check(x, weight, residual, eps, weight_offset)
     x2d = x.reshape(-1, H)
     r2d = residual.reshape(-1, H) if residual is not None else None
-    y, res_out, _ = rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
+    y, res_out, _ = call_rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
     if residual is None:
         return y.view(x.shape)
     return y.view(x.shape), res_out.view(x.shape)

@@ -31,6 +31,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, as_device, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
+from .dispatch import autograd_op
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -190,7 +191,7 @@ def _backward(ctx, grad_q_out, grad_k_out):
     return dq, (dk if has_k else None), None, None, None, None
 
 
-rope_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_rope_fwd = autograd_op(rope_fwd, _backward, _setup_context)
 
 
 # ---- tables ----
@@ -346,7 +347,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
             at = int(bad.nonzero()[0, 0])
             raise IdRangeError("position_ids", f"position {int(flat_pos[at])} at flat position {at} is outside "
                                f"the tables [0, {cos.shape[0]})")
-    q_rot, k_rot = rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
+    q_rot, k_rot = call_rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
     return q_rot.view(q.shape), (k_rot.view(k.shape) if k is not None else None)
 
 

@@ -28,6 +28,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
+from .dispatch import autograd_op
 
 
 @triton.jit
@@ -386,4 +387,4 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
     return grad, None, None, None, None, None, None
 
 
-selected_logp_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_selected_logp_fwd = autograd_op(selected_logp_fwd, _backward, _setup_context)

@@ -23,6 +23,7 @@ from .. import configs
 from .._runtime import arch_of
 from ..errors import DeviceError, DTypeError, LayoutError, ShapeError
 from .rmsnorm import SUPPORTED_DTYPES, check_device
+from .dispatch import autograd_op
 
 __all__ = ["swiglu"]
 
@@ -124,7 +125,7 @@ def _backward(ctx, grad_y):
     return dgate, dup
 
 
-swiglu_fwd.register_autograd(_backward, setup_context=_setup_context)
+call_swiglu_fwd = autograd_op(swiglu_fwd, _backward, _setup_context)
 
 
 # ---- the public function ----
@@ -146,7 +147,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     I = gate.shape[-1]
     N = math.prod(gate.shape[:-1])  # not reshape(-1, I): with I = 0 the -1 could be anything
     g2d, u2d = gate.reshape(N, I), up.reshape(N, I)
-    return swiglu_fwd(g2d, u2d).view(gate.shape)
+    return call_swiglu_fwd(g2d, u2d).view(gate.shape)
 
 
 def _check(gate, up):

@@ -1,0 +1,83 @@
+"""What an eager call costs beyond its kernels, with the eager path (rlk_triton.ops.dispatch) and with
+every call forced through the torch.library custom op (the dispatcher path it replaced), same process.
+
+    python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
+
+Per case: device time (the call captured in a CUDA graph), wall time per call from the host (one sync
+at the end) on both paths, and the host-overhead target max(1.25 x device, device + 30 us). The
+suite's --quick cases of every family, then the shapes named by the host-overhead issue (policy_loss
+fwd+bwd [256 x 4096] beside eager torch, rms_norm fwd+bwd [16384 x 4096], selected_logp at 1 row).
+The JSON is rewritten after every case, so a time-boxed run keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from rlk_triton.bench import FAMILIES, cases, timing
+from rlk_triton.bench.report import device_ms, header
+from rlk_triton.ops import dispatch
+
+_eager_traced = dispatch._traced
+
+
+def _path(name: str) -> None:
+    # the dispatcher path: every call looks traced, so it goes through the custom op
+    dispatch._traced = _eager_traced if name == "eager" else (lambda args: True)
+
+
+def _target_ms(dev: float) -> float:
+    return max(1.25 * dev, dev + 0.030)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default="host_overhead.json")
+    ap.add_argument("--time-box", type=float, default=1e9, help="stop starting new cases after S seconds")
+    args = ap.parse_args()
+    t0 = time.time()
+    report = header("cuda", "quick", list(FAMILIES)) | {"format": "rlk-triton-host-overhead/1", "rows": []}
+    bf16 = torch.bfloat16
+    named = [
+        ("policy_loss", "fwd+bwd [256 x 4096] (issue target)", lambda: cases._policy_loss(256, 4096, torch.float32, "cuda", True)),
+        ("rmsnorm", "fwd+bwd [16384 x 4096] (issue target)", lambda: cases._rmsnorm(16384, 4096, False, "fwd+bwd", True, bf16, "cuda", True)),
+        ("selected_logp", "fwd [1 x 151936] (issue target)", lambda: cases._selected_logp(1, 151936, "fwd", False, bf16, "cuda", True)),
+    ]
+    todo = named + [(c.op, c.name, (lambda c=c: c.build("cuda", True))) for c in cases.select(None, "quick")]
+    for op, label, build in todo:
+        if time.time() - t0 > args.time_box:
+            report.setdefault("not_run", []).append(f"{op} {label}")
+            continue
+        try:
+            bound = build()
+            _path("eager")
+            dev, clock = device_ms(bound.rlk, "cuda")
+            walls = {}
+            for name in ("eager", "dispatcher", "eager"):  # eager twice: the first one warms up both
+                _path(name)
+                walls[name] = timing.wall_ms(bound.rlk, device="cuda")
+            row = {"op": op, "case": label, "device_ms": dev, "clock": clock, "wall_eager_ms": walls["eager"],
+                   "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
+                   "meets_target": walls["eager"] <= _target_ms(dev)}
+            for b in bound.baselines:
+                if b.kind == "eager":
+                    row["torch_eager_wall_ms"] = timing.wall_ms(b.fn, device="cuda")
+            report["rows"].append(row)
+            print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  dispatcher "
+                  f"{walls['dispatcher']:8.4f}  target {_target_ms(dev):8.4f}"
+                  + (f"  torch eager {row['torch_eager_wall_ms']:.4f}" if "torch_eager_wall_ms" in row else ""), flush=True)
+        except Exception as ex:  # noqa: BLE001 - keep measuring the other cases
+            report.setdefault("errors", []).append({"op": op, "case": label, "error": repr(ex)[:300]})
+            print(f"{op} {label}: {ex!r}"[:300], flush=True)
+        finally:
+            _path("eager")
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if report.get("errors") else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""rlk_triton.ops.dispatch: eager calls run each op's implementation in a plain autograd.Function and
+give the custom op's bits, values and gradients; traced calls (torch.compile, fake tensors) get the
+custom op."""
+import pytest
+import torch
+
+import rlk_triton.ops.dispatch as dispatch
+from rlk_triton import losses
+from rlk_triton.ops import (attention, embedding, gspo, linear_logp, matmul, rl_losses, rmsnorm, rope, selected_logp,
+                            swiglu)
+
+CALLS = {
+    "attention": attention.call_attention_fwd, "embedding": embedding.call_embedding_fwd,
+    "gspo_loss": gspo.call_gspo_loss_fwd, "linear_logp": linear_logp.call_linear_logp_fwd,
+    "matmul": matmul.call_matmul, "ratio_kl": rl_losses.call_ratio_kl_fwd,
+    "policy_loss": rl_losses.call_policy_loss_fwd, "rms_norm": rmsnorm.call_rms_norm_fwd,
+    "rope": rope.call_rope_fwd, "selected_logp": selected_logp.call_selected_logp_fwd,
+    "swiglu": swiglu.call_swiglu_fwd,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_every_op_has_the_eager_path(name):
+    """The fast path is in use (a torch that moved the custom op's implementation would silently put
+    every eager call back on the dispatcher: this fails instead)."""
+    call = CALLS[name]
+    assert hasattr(call, "eager") and hasattr(call, "op"), f"{name}: eager path unavailable on this torch"
+
+
+def _grads(fn, inputs):
+    out = fn(*inputs)
+    out = out if isinstance(out, tuple) else (out,)
+    first = out[0]
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    g = torch.autograd.grad(first, wrt, torch.ones_like(first))
+    return [o.detach() for o in out if isinstance(o, torch.Tensor)], list(g)
+
+
+def _rms_inputs(device):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 64, generator=g).to(device, torch.bfloat16).requires_grad_()
+    w = torch.randn(64, generator=g).to(device).requires_grad_()
+    r = torch.randn(5, 64, generator=g).to(device, torch.bfloat16).requires_grad_()
+    return (x, w, r, 1e-6, 0.0)
+
+
+def _logp_inputs(device):
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 50, generator=g).to(device).requires_grad_()
+    t = torch.randint(0, 50, (3,), generator=g).to(device)
+    return (logits, t, None, 1.0, None, -100, True)
+
+
+def _swiglu_inputs(device):
+    g = torch.Generator().manual_seed(5)
+    return tuple(torch.randn(4, 48, generator=g).to(device, torch.bfloat16).requires_grad_() for _ in range(2))
+
+
+@pytest.mark.parametrize("name,make", [("rms_norm", _rms_inputs), ("selected_logp", _logp_inputs),
+                                       ("swiglu", _swiglu_inputs)])
+def test_eager_path_gives_the_custom_ops_bits(name, make, device):
+    call = CALLS[name]
+    a_out, a_grad = _grads(call, make(device))
+    b_out, b_grad = _grads(call.op, make(device))  # the custom op through the dispatcher
+    assert len(a_out) == len(b_out) and len(a_grad) == len(b_grad)
+    assert all(torch.equal(x, y) for x, y in zip(a_out, b_out))
+    assert all(torch.equal(x, y) for x, y in zip(a_grad, b_grad))
+
+
+def test_eager_calls_record_the_plain_function_and_traced_calls_the_custom_op(device):
+    x, w, r, eps, off = _rms_inputs(device)
+    y, _, _ = rmsnorm.call_rms_norm_fwd(x, w, r, eps, off)
+    assert type(y.grad_fn).__name__.startswith("Eager_rms_norm_fwd")
+    with torch.no_grad():  # no graph: the implementation alone
+        y2, _, _ = rmsnorm.call_rms_norm_fwd(x, w, r, eps, off)
+    assert y2.grad_fn is None and torch.equal(y2, y.detach())
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    xd, wd = x.detach(), w.detach()
+    with FakeTensorMode() as mode:  # fake tensors: only the custom op's fake implementation can answer
+        fx, fw = mode.from_tensor(xd), mode.from_tensor(wd)
+        out, _, rstd = rmsnorm.call_rms_norm_fwd(fx, fw, None, eps, off)
+    assert tuple(out.shape) == (5, 64) and rstd.dtype == torch.float32
+
+
+def test_arguments_must_all_be_given():
+    x, w, r, eps, _ = _rms_inputs("cpu")
+    with pytest.raises(TypeError, match="all 5 arguments"):
+        rmsnorm.call_rms_norm_fwd(x, w, r, eps)
+
+
+def test_the_public_functions_go_through_the_eager_path(device, monkeypatch):
+    """rms_norm and policy_loss reach their kernels without a forward custom op in eager (the backward
+    custom ops run with autograd off, where their dispatch is cheap)."""
+    from torch._library.custom_ops import CustomOpDef
+    called, original = [], CustomOpDef.__call__
+
+    def spy(self, *args, **kwargs):
+        called.append(self._name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CustomOpDef, "__call__", spy)
+    x, w, _, _, _ = _rms_inputs(device)
+    rmsnorm.rms_norm(x, w).float().sum().backward()
+    B, T = 2, 8
+    g = torch.Generator().manual_seed(6)
+    logp = (-torch.rand(B, T, generator=g)).to(device).requires_grad_()
+    old = (-torch.rand(B, T, generator=g)).to(device)
+    adv = torch.randn(B, T, generator=g).to(device)
+    mask = torch.ones(B, T, dtype=torch.bool, device=device)
+    ref = (-torch.rand(B, T, generator=g)).to(device)
+    loss, _, _ = losses.policy_loss(logp, old, adv, mask=mask, ref_logp=ref, kl_coef=0.1)
+    loss.backward()
+    assert x.grad is not None and logp.grad is not None
+    assert not [n for n in called if n.endswith("_fwd")], called
+    assert "rms_norm_bwd" in called and "rl_policy_loss_bwd" in called  # the spy sees custom op calls
+
+
+def test_traced_detects_subclasses_and_compiling():
+    assert not dispatch._traced((torch.ones(1), 1.0, None))
+    assert not dispatch._traced((torch.nn.Parameter(torch.ones(1)),))
