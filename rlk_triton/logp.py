@@ -159,6 +159,7 @@ def linear_logp(
     global_vocab_size: int | None = None,
     ignore_index: int = DEFAULT_IGNORE_INDEX,
     validate: bool = True,
+    saved: str = "recompute",
 ):
     """log softmax((hidden @ weight.T + bias) / T)[target] in float32, without [tokens, V] logits.
 
@@ -181,6 +182,11 @@ def linear_logp(
             in [0, global_vocab_size).
         validate: check targets (and, with tp_group, that the shards tile the vocab in rank order);
             costs a host sync (and a small collective). Invalid targets otherwise give NaN logp.
+        saved: what the backward keeps. "recompute" (default): O(N) state, the backward recomputes
+            the logits (one more GEMM). "logits": the forward also writes z minus its tile's row max
+            into an operator-owned [N, V] buffer (float16 for 16-bit inputs, float32 for float32) that
+            the backward reads instead; logp and entropy are the same bits either way, the gradients
+            are within their own contract (docs/linear_logp.md). Only without tp_group.
 
     Returns:
         logp float32 with target_ids' shape, or (logp, entropy). Differentiable w.r.t. hidden, weight
@@ -204,14 +210,20 @@ def linear_logp(
             raise ShapeError("vocab_start_index", f"shard [{vocab_start_index}, {vocab_start_index + V_local})"
                              f" is not inside the vocab [0, {global_V})")
     ignore_index = _check_ignore_index(ignore_index)
+    if saved not in _linear_op.SAVED:
+        raise InputError("saved", f"must be one of {_linear_op.SAVED}, got {saved!r}")
+    if saved == "logits" and tp_group is not None:
+        raise InputError("saved", "'logits' is not supported with tp_group (vocab-parallel shards keep no "
+                         "saved logits): use saved='recompute'")
     flat_targets = target_ids.reshape(-1).contiguous()
     if validate:
         _check_targets(flat_targets, global_V, ignore_index)
         if tp_group is not None:
             _check_shards(tp_group, vocab_start_index, V_local, global_V, hidden2d, flat_targets)
     if tp_group is None:
-        logp, entropy, _, _ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
-                                                         int(ignore_index), bool(return_entropy))
+        logp, entropy, *_ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
+                                                            int(ignore_index), bool(return_entropy),
+                                                            saved == "logits")
     else:
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy),

@@ -113,8 +113,12 @@ def cases():
                  target_local_ptr=_t(256, dtype=torch.int64), N=256, H=4096, V_local=1024, inv_t=1.0,
                  n_progs=132, HAS_BIAS=False, UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=fwd.block_m,
                  BLOCK_N=fwd.block_n, BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True)
+    stats.update(saved_ptr=_t(256, 1024, dtype=torch.float16), stride_sn=1024)
     out.append(("linear_logp _tile_stats_kernel (descriptors)", ll._tile_stats_kernel,
-                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True),
+                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True, SAVE=False),
+                fwd.num_warps, fwd.num_stages))
+    out.append(("linear_logp _tile_stats_kernel (descriptors, saved logits)", ll._tile_stats_kernel,
+                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True, SAVE=True),
                 fwd.num_warps, fwd.num_stages))
     dl = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf)
     x = _t(256, dtype=f32)
@@ -123,6 +127,12 @@ def cases():
                      d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x, stride_pb=0, c0=0, chunk_width=1024,
                      WITH_ENTROPY_GRAD=True, BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, BLOCK_K=dl.block_k,
                      GROUP_M=dl.group_m), dl.num_warps, dl.num_stages))
+    out.append(("linear_logp _dlogits_saved_kernel", ll._dlogits_saved_kernel,
+                dict(saved_ptr=_t(256, 1024, dtype=torch.float16), stride_sn=1024, tile_max_ptr=_t(4, 256, dtype=f32),
+                     target_local_ptr=_t(256, dtype=torch.int32), row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x,
+                     grad_logp_ptr=x, grad_entropy_ptr=x, d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x,
+                     stride_pb=0, N=256, c0=0, chunk_width=1024, inv_t=1.0, HAS_BIAS=False, WITH_ENTROPY_GRAD=True,
+                     BLOCK_M=dl.block_m, BLOCK_N=dl.block_n), dl.num_warps, 1))
     # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
     for label, kernel_key, b_t, out_dtype, acc in (("d hidden tiles, fp32 accumulator", "linear_logp_dhidden",
                                                     False, f32, True),

@@ -20,26 +20,28 @@ def _chunk(device, dtype):
     return configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device(device)), dtype).chunk_v
 
 
+@pytest.mark.parametrize("saved", ("recompute", "logits"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,temperature,bias,scale", [
     ((19, 48, 300), 1.0, False, 3.0),     # several chunks, a partial last chunk, K tail
     ((5, 64, 128), 0.7, True, 10.0),      # exactly one chunk
     ((33, 40, 131), 1.3, True, 1.0),      # V one past a chunk; H not a multiple of block_k
 ])
-def test_parity_within_contract(device, dtype, shape, temperature, bias, scale):
+def test_parity_within_contract(device, dtype, shape, temperature, bias, scale, saved):
     n, h, v = shape
-    ratios = judge_linear_logp(LinearCase(n, h, v, dtype, temperature, scale, bias, seed=n + v), device)
+    ratios = judge_linear_logp(LinearCase(n, h, v, dtype, temperature, scale, bias, seed=n + v, saved=saved), device)
     assert set(ratios) >= {"logp", "entropy", "d_hidden", "d_weight"}
     assert max(ratios.values()) <= 1.0, ratios
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("saved", ("recompute", "logits"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(64, 4096, 32000), (96, 1024, 151936), (33, 512, 4099)])
-def test_parity_gpu_shapes(dtype, shape):
+def test_parity_gpu_shapes(dtype, shape, saved):
     n, h, v = shape
     for bias, t in ((False, 1.0), (True, 0.7)):
-        ratios = judge_linear_logp(LinearCase(n, h, v, dtype, t, 5.0, bias, seed=v), "cuda")
+        ratios = judge_linear_logp(LinearCase(n, h, v, dtype, t, 5.0, bias, seed=v, saved=saved), "cuda")
         assert max(ratios.values()) <= 1.0, ratios
 
 

@@ -162,7 +162,7 @@ def _selected_logp_cases(size):
 
 # ---- linear_logp ----
 
-def _linear_logp(N, H, V, mode, main, dtype, device, quick) -> Bound:
+def _linear_logp(N, H, V, mode, main, dtype, device, quick, saved="recompute") -> Bound:
     from ..logp import linear_logp
 
     g = _gen(device, N)
@@ -194,7 +194,7 @@ def _linear_logp(N, H, V, mode, main, dtype, device, quick) -> Bound:
         b.optional("Liger LigerFusedLinearCrossEntropyLoss", "liger", liger)
     b.optional("Cut Cross-Entropy linear_cross_entropy", "cce", cce)
     gemms = 1 if mode == "fwd" else 3  # logits; + d hidden and d weight
-    ours = partial(linear_logp, validate=False)
+    ours = partial(linear_logp, validate=False, saved=saved)
     return b.bound(_call(mode, ours, args, wrt, grads), "matmul", gemms * 2 * N * H * V, dtype)
 
 
@@ -202,8 +202,12 @@ def _linear_logp_cases(size):
     H, V = (32, 100) if size == "tiny" else (4096, 151936)
     out = {"full": (("fwd", 8192), ("fwd+bwd", 8192), ("fwd+bwd", 2048)),
            "quick": (("fwd", 1024), ("fwd+bwd", 1024)), "tiny": (("fwd", 8), ("fwd+bwd", 8))}[size]
-    return [Case("linear_logp", mode, f"N={N} H={H} V={V}", "bfloat16",
-                 partial(_linear_logp, N, H, V, mode, N == out[0][1], BF16)) for mode, N in out]
+    cases = [Case("linear_logp", mode, f"N={N} H={H} V={V}", "bfloat16",
+                  partial(_linear_logp, N, H, V, mode, N == out[0][1], BF16)) for mode, N in out]
+    # saved="logits": the backward reads the forward's logits instead of recomputing them
+    return cases + [Case("linear_logp", "fwd+bwd", f"N={N} H={H} V={V} saved=logits", "bfloat16",
+                         partial(_linear_logp, N, H, V, "fwd+bwd", False, BF16, saved="logits"))
+                    for mode, N in out if mode == "fwd+bwd"]
 
 
 # ---- matmul ----

@@ -16,6 +16,9 @@ Backward, chunk by chunk (configs chunk_v, a multiple of the forward's block_n) 
   dbias_chunk = sum over row blocks, ascending, of the fp32 column sums of each block.
 Extra memory: forward stats (5 x tiles x N fp32, freed after the merge); backward the [N, chunk_v]
 buffer and the fp32 [N, H] accumulator.
+saved="logits": the forward also writes z - (the tile's row max) into an [N, V] buffer (float16, or
+float32 for float32 inputs) and keeps the tiles' row maxima; the backward's d logits then come from
+`_dlogits_saved_kernel`, an elementwise pass over that buffer, instead of a recomputed GEMM tile.
 """
 from __future__ import annotations
 
@@ -51,15 +54,35 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, m
     return acc * inv_t
 
 
+@triton.jit
+def _store_relative(z, m, rm, n0, row_ok, V_local, saved_ptr, stride_sn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """saved[rm, n0 : n0 + BLOCK_N] = z - m (m: the tile's row max), rounded to the buffer's dtype, in
+    column quarters (the epilogue's register budget: matmul.column_quarters). Relative to the tile max
+    the values that carry the softmax mass sit near 0, where the rounding is finest."""
+    Q: tl.constexpr = BLOCK_N // 4
+    q0, q1, q2, q3 = column_quarters(z - m[:, None], BLOCK_M, BLOCK_N)
+    base = saved_ptr + rm.to(tl.int64)[:, None] * stride_sn
+    ty = saved_ptr.dtype.element_ty
+    c = n0 + tl.arange(0, Q)
+    tl.store(base + c[None, :], q0.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+    c += Q
+    tl.store(base + c[None, :], q1.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+    c += Q
+    tl.store(base + c[None, :], q2.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+    c += Q
+    tl.store(base + c[None, :], q3.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+
+
 # n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
 # constant, which has no .to() (one vocab tile, V_local <= block_n).
 @triton.jit(do_not_specialize=["inv_t", "n_tiles"])
 def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
-    N, H, V_local, n_tiles, inv_t, n_progs,
+    saved_ptr, stride_sn, N, H, V_local, n_tiles, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DESC: tl.constexpr,
+    GROUP_M: tl.constexpr, DESC: tl.constexpr, SAVE: tl.constexpr,
 ):
     # (row block, vocab tile) work items in matmul's grouped order: the logits GEMM's L2 reuse, with
     # the softmax state of the tile as its epilogue. Pointer path: one program per item. DESC: n_progs
@@ -90,6 +113,8 @@ def _tile_stats_kernel(
         tl.store(out + 2 * plane, t, mask=row_ok)
         tl.store(out + 3 * plane, tz, mask=row_ok)
         tl.store(out + 4 * plane, hit, mask=row_ok)
+        if SAVE:  # saved="logits": z less the tile's row max (stats plane 0), for the backward
+            _store_relative(z, m, rm, tile * BLOCK_N, row_ok, V_local, saved_ptr, stride_sn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["ignore_index", "n_chunks"])
@@ -121,6 +146,22 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
     tl.store(row_logsum_ptr + rows, log_s, mask=ok)
     if WITH_ENTROPY:
         tl.store(entropy_ptr + rows, log_s - t / s, mask=ok)
+
+
+@triton.jit
+def _row_terms(r, row_max_ptr, row_logsum_ptr, grad_logp_ptr, target_local_ptr, grad_entropy_ptr, entropy_ptr,
+               WITH_ENTROPY_GRAD: tl.constexpr):
+    """The per-row inputs of d logits at rows r: (row max, log sum, g, target, g entropy, entropy)."""
+    row_max = tl.load(row_max_ptr + r)
+    row_logsum = tl.load(row_logsum_ptr + r)
+    g = tl.load(grad_logp_ptr + r)  # zero on ignored rows (the launcher's job)
+    target = tl.load(target_local_ptr + r)
+    ge = g
+    ent = g
+    if WITH_ENTROPY_GRAD:
+        ge = tl.load(grad_entropy_ptr + r)
+        ent = tl.load(entropy_ptr + r)
+    return row_max, row_logsum, g, target, ge, ent
 
 
 @triton.jit
@@ -164,16 +205,9 @@ def _dlogits_kernel(
         z = _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, pid_m * BLOCK_M,
                          c0 + pid_n * BLOCK_N, rm, c0 + local, N, V_local, H, inv_t,
                          HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE, DESC)
-        r = rm % N
-        row_max = tl.load(row_max_ptr + r)
-        row_logsum = tl.load(row_logsum_ptr + r)
-        g = tl.load(grad_logp_ptr + r)  # zero on ignored rows (the launcher's job)
-        target = tl.load(target_local_ptr + r)
-        ge = g
-        ent = g
-        if WITH_ENTROPY_GRAD:
-            ge = tl.load(grad_entropy_ptr + r)
-            ent = tl.load(entropy_ptr + r)
+        row_max, row_logsum, g, target, ge, ent = _row_terms(
+            rm % N, row_max_ptr, row_logsum_ptr, grad_logp_ptr, target_local_ptr, grad_entropy_ptr, entropy_ptr,
+            WITH_ENTROPY_GRAD)
         Q: tl.constexpr = BLOCK_N // 4
         q0, q1, q2, q3 = column_quarters(z, BLOCK_M, BLOCK_N)
         quarter = pid_n * BLOCK_N + tl.arange(0, Q)
@@ -187,6 +221,36 @@ def _dlogits_kernel(
         _dlogits_piece(q3, rm, quarter + 3 * Q, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N,
                        chunk_width, d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS,
                        WITH_ENTROPY_GRAD)
+
+
+@triton.jit(do_not_specialize=["inv_t", "c0"])
+def _dlogits_saved_kernel(
+    saved_ptr, stride_sn, tile_max_ptr, target_local_ptr, row_max_ptr, row_logsum_ptr, entropy_ptr,
+    grad_logp_ptr, grad_entropy_ptr, d_ptr, stride_dn, dbias_part_ptr, stride_pb,
+    N, c0, chunk_width, inv_t,
+    HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # saved="logits": _dlogits_kernel's epilogue on the forward's saved z - tile max instead of a
+    # recomputed GEMM tile. One program per (row block, block_n column block) of the chunk; chunks
+    # are multiples of the forward's block_n (the launcher checks), so a block is one forward tile
+    # and its row max is one number per row.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    r = rm % N
+    tile = (c0 + pid_n * BLOCK_N) // BLOCK_N
+    m_tile = tl.load(tile_max_ptr + tile.to(tl.int64) * N + r)
+    row_max, row_logsum, g, target, ge, ent = _row_terms(
+        r, row_max_ptr, row_logsum_ptr, grad_logp_ptr, target_local_ptr, grad_entropy_ptr, entropy_ptr,
+        WITH_ENTROPY_GRAD)
+    Q: tl.constexpr = BLOCK_N // 4
+    base = saved_ptr + r.to(tl.int64)[:, None] * stride_sn + c0
+    for q in tl.static_range(4):  # column quarters, left to right: elementwise, so any split gives the same bits
+        local = pid_n * BLOCK_N + q * Q + tl.arange(0, Q)
+        rel = tl.load(base + local[None, :], mask=(local < chunk_width)[None, :], other=0.0)
+        z = rel.to(tl.float32) + m_tile[:, None]
+        _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, inv_t, N, chunk_width,
+                       d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
 
 
 @triton.jit
@@ -227,8 +291,10 @@ def _programs(desc: bool, device: torch.device, n_items: int) -> int:
     return persistent_programs(device, n_items) if desc else n_items
 
 
-def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool):
-    """The softmax states of this vocab shard's block_n tiles, in vocab order: fp32 [5, tiles, N]."""
+def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool,
+               saved: Optional[torch.Tensor] = None):
+    """The softmax states of this vocab shard's block_n tiles, in vocab order: fp32 [5, tiles, N].
+    saved: a [N, V_local] buffer (saved="logits") that receives z - the tile's row max."""
     N, H = hidden.shape
     V_local = weight.shape[0]
     cfg = tile_config("linear_logp_fwd", hidden)
@@ -241,12 +307,22 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
     n_progs = _programs(desc, hidden.device, triton.cdiv(N, cfg.block_m) * n_tiles)
     _tile_stats_kernel[(n_progs,)](
         hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
-        target_local, stats, N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
+        target_local, stats, saved if saved is not None else stats, saved.stride(0) if saved is not None else 0,
+        N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
         HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
         EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, DESC=desc, SAVE=saved is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return stats
+
+
+SAVED = ("recompute", "logits")
+
+
+def saved_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The saved logits' dtype: float16 for 16-bit inputs (2 bytes; finer than bfloat16 near the tile
+    max, where the values sit), float32 for float32 inputs."""
+    return torch.float32 if dtype == torch.float32 else torch.float16
 
 
 MERGE_BLOCK = 128
@@ -269,10 +345,13 @@ def merge(stats, target, ignore_index: int, with_entropy: bool):
 
 
 def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local, row_max, row_logsum,
-                    entropy, temperature: float, acc_in: Optional[torch.Tensor], final: bool):
+                    entropy, temperature: float, acc_in: Optional[torch.Tensor], final: bool,
+                    saved: Optional[torch.Tensor] = None, tile_max: Optional[torch.Tensor] = None):
     """This shard's part of the backward.
 
-    grad_logp must already be zero on ignored rows. acc_in: the fp32 d hidden accumulated over the
+    grad_logp must already be zero on ignored rows. saved / tile_max (saved="logits"): the forward's
+    z - tile max [N, V_local] and the tiles' row maxima [tiles, N]; d logits then come from them instead
+    of a recomputed GEMM. acc_in: the fp32 d hidden accumulated over the
     vocab before this shard (None: this shard starts the vocab). Returns (d hidden, d weight,
     d bias): d hidden in hidden's dtype when `final`, else the fp32 accumulator for the next shard.
     """
@@ -300,21 +379,36 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     mm_cfg = configs.lookup_matmul("matmul", arch_of(dev), dt)
     dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch_of(dev), dt)
     x_desc, w_desc, desc = _operands(cfg, hidden, weight)
+    if saved is not None:
+        fwd = tile_config("linear_logp_fwd", hidden)
+        if (fwd.block_m, fwd.block_n) != (cfg.block_m, cfg.block_n) or C % cfg.block_n:
+            raise RuntimeError("configs: saved logits need linear_logp_dlogits' tiles equal to the forward's "
+                               f"and chunk_v a multiple of block_n (fwd {fwd}, dlogits {cfg})")
     acc = acc_in
     for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
         c0 = c * C
         width = min(C, V_local - c0)
-        n_progs = _programs(desc, dev, n_row_blocks * triton.cdiv(width, cfg.block_n))
-        _dlogits_kernel[(n_progs,)](
-            hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
-            target_local, row_max, row_logsum, entropy if with_h else row_max,
-            grad_logp, grad_entropy if with_h else grad_logp,
-            d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
-            N, H, V_local, c0, width, 1.0 / temperature, n_progs,
-            HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
-            EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        if saved is not None:
+            _dlogits_saved_kernel[(n_row_blocks, triton.cdiv(width, cfg.block_n))](
+                saved, saved.stride(0), tile_max, target_local, row_max, row_logsum, entropy if with_h else row_max,
+                grad_logp, grad_entropy if with_h else grad_logp,
+                d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
+                N, c0, width, 1.0 / temperature,
+                HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                num_warps=cfg.num_warps,
+            )
+        else:
+            n_progs = _programs(desc, dev, n_row_blocks * triton.cdiv(width, cfg.block_n))
+            _dlogits_kernel[(n_progs,)](
+                hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc,
+                bias if bias is not None else weight, target_local, row_max, row_logsum, entropy if with_h else row_max,
+                grad_logp, grad_entropy if with_h else grad_logp,
+                d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
+                N, H, V_local, c0, width, 1.0 / temperature, n_progs,
+                HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
+                EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
         last = c == n_chunks - 1
@@ -351,18 +445,27 @@ def _grad_logp_or_zero(grad_logp, target, ignore_index, like):
 @torch.library.custom_op("rlk_triton::linear_logp_fwd", mutates_args=())
 def linear_logp_fwd(
     hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
-    temperature: float, ignore_index: int, with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    target_local = local_targets(target, 0, weight.shape[0], ignore_index)
-    stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy)
-    return merge(stats, target, ignore_index, with_entropy)
+    temperature: float, ignore_index: int, with_entropy: bool, save_logits: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logp, entropy, row_max, row_logsum, saved, tile_max); saved [N, V] and tile_max [tiles, N] are
+    empty unless save_logits (saved="logits": what the backward reads instead of recomputing)."""
+    N, V = hidden.shape[0], weight.shape[0]
+    target_local = local_targets(target, 0, V, ignore_index)
+    saved = hidden.new_empty((N, V) if save_logits else (0, 0), dtype=saved_dtype(hidden.dtype))
+    stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
+                       saved if save_logits else None)
+    tile_max = stats[0].clone() if save_logits else stats.new_empty((0, N))  # plane 0: the tiles' row maxima
+    return (*merge(stats, target, ignore_index, with_entropy), saved, tile_max)
 
 
 @linear_logp_fwd.register_fake
-def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy):
-    n = hidden.shape[0]
+def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_logits):
+    n, V = hidden.shape[0], weight.shape[0]
     f = lambda k: hidden.new_empty(k, dtype=torch.float32)  # noqa: E731
-    return f(n), f(n if with_entropy else 0), f(n), f(n)
+    tiles = triton.cdiv(V, tile_config("linear_logp_fwd", hidden).block_n)
+    return (f(n), f(n if with_entropy else 0), f(n), f(n),
+            hidden.new_empty((n, V) if save_logits else (0, 0), dtype=saved_dtype(hidden.dtype)),
+            f((tiles, n) if save_logits else (0, n)))
 
 
 @torch.library.custom_op("rlk_triton::linear_logp_bwd", mutates_args=())
@@ -370,10 +473,12 @@ def linear_logp_bwd(
     grad_logp: torch.Tensor, grad_entropy: Optional[torch.Tensor], hidden: torch.Tensor,
     weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor, row_max: torch.Tensor,
     row_logsum: torch.Tensor, entropy: torch.Tensor, temperature: float, ignore_index: int,
+    saved: Optional[torch.Tensor], tile_max: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     target_local = local_targets(target, 0, weight.shape[0], ignore_index)
     dh, dw, db = backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local, row_max,
-                                 row_logsum, entropy, temperature, acc_in=None, final=True)
+                                 row_logsum, entropy, temperature, acc_in=None, final=True, saved=saved,
+                                 tile_max=tile_max)
     return dh, dw, (db if db is not None else weight.new_empty(0))
 
 
@@ -384,19 +489,21 @@ def _(grad_logp, grad_entropy, hidden, weight, bias, *rest):
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, target, temperature, ignore_index, with_entropy = inputs
-    _, entropy, row_max, row_logsum = output
-    ctx.save_for_backward(hidden, weight, bias, target, row_max, row_logsum, entropy)
-    ctx.temperature, ctx.ignore_index = temperature, ignore_index
+    hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_logits = inputs
+    _, entropy, row_max, row_logsum, saved, tile_max = output
+    ctx.save_for_backward(hidden, weight, bias, target, row_max, row_logsum, entropy, saved, tile_max)
+    ctx.temperature, ctx.ignore_index, ctx.save_logits = temperature, ignore_index, save_logits
 
 
-def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
-    hidden, weight, bias, target, row_max, row_logsum, entropy = ctx.saved_tensors
+def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum, _grad_saved, _grad_tile_max):
+    hidden, weight, bias, target, row_max, row_logsum, entropy, saved, tile_max = ctx.saved_tensors
     g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
     ge = grad_entropy.contiguous() if grad_entropy is not None and grad_entropy.numel() else None
+    keep = ctx.save_logits
     dh, dw, db = linear_logp_bwd(g, ge, hidden, weight, bias, target, row_max, row_logsum, entropy,
-                                 ctx.temperature, ctx.ignore_index)
-    return dh, dw, (db if bias is not None else None), None, None, None, None
+                                 ctx.temperature, ctx.ignore_index, saved if keep else None,
+                                 tile_max if keep else None)
+    return dh, dw, (db if bias is not None else None), None, None, None, None, None
 
 
 call_linear_logp_fwd = autograd_op(linear_logp_fwd, _backward, _setup_context)

@@ -20,7 +20,7 @@ import torch
 from .. import contracts
 from .._runtime import arch_of
 from .invariance import RowOp
-from .parity import FP32_MIN_NORMAL, IGNORE_INDEX, logp_grad_sensitivity
+from .parity import FP32_MIN_NORMAL, IGNORE_INDEX, logp_grad_sensitivity, saved_logits_sensitivity
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
 # The absolute rounding error of a tiny d logits element: half the dtype's smallest subnormal for
@@ -39,10 +39,11 @@ class LinearCase:
     scale: float = 3.0  # logits ~ N(0, scale^2)
     bias: bool = False
     seed: int = 0
+    saved: str = "recompute"  # linear_logp's saved= (what the backward keeps)
 
     def label(self) -> str:
         return (f"N={self.rows} H={self.H} V={self.V} {contracts.dtype_name(self.dtype)} "
-                f"T={self.temperature} scale={self.scale} bias={self.bias}")
+                f"T={self.temperature} scale={self.scale} bias={self.bias} saved={self.saved}")
 
 
 def make_linear_inputs(rows, H, V, dtype, scale, bias, gen, device):
@@ -91,18 +92,22 @@ def linear_errors(case: LinearCase, device, with_grad=True) -> dict:
     hidden, weight, bias, targets = build_linear_case(case, device)
     leaves = [x.detach().requires_grad_(with_grad) if x is not None else None for x in (hidden, weight, bias)]
     logp, ent = linear_logp(leaves[0], leaves[1], targets, bias=leaves[2], temperature=case.temperature,
-                            return_entropy=True)
+                            return_entropy=True, saved=case.saved)
     outs = {"logp": logp.detach(), "entropy": ent.detach()}
     g, ge = grad_weights(case.rows, case.seed)
     if with_grad:
         ((logp * g.float().to(device)).sum() + (ent * ge.float().to(device)).sum()).backward()
         outs.update({n: x.grad for n, x in zip(("d_hidden", "d_weight", "d_bias"), leaves) if x is not None})
-    return compare_to_reference(outs, hidden, weight, bias, targets, case.temperature, g, ge)
+    from ..ops.linear_logp import saved_dtype
+
+    saved = saved_dtype(hidden.dtype) if case.saved == "logits" else None
+    return compare_to_reference(outs, hidden, weight, bias, targets, case.temperature, g, ge, saved)
 
 
-def compare_to_reference(outs, hidden, weight, bias, targets, temperature, g, ge) -> dict:
+def compare_to_reference(outs, hidden, weight, bias, targets, temperature, g, ge, saved=None) -> dict:
     """{name: (ours, ref64, ref64 with fp32 subnormals flushed or None, row_scale or sensitivity)}
-    for the outputs and gradients in `outs` (gradients of sum g * logp + ge * entropy)."""
+    for the outputs and gradients in `outs` (gradients of sum g * logp + ge * entropy). saved: the
+    dtype of the saved logits (saved="logits"), whose rounding the sensitivity then includes."""
     from ..reference.linear_logp import linear_logits64, linear_logp_grad_reference, linear_logp_reference
 
     h64, w64 = hidden.double().cpu().numpy(), weight.double().cpu().numpy()
@@ -124,6 +129,9 @@ def compare_to_reference(outs, hidden, weight, bias, targets, temperature, g, ge
     floor = ROUNDING_FLOOR[dt]
     s = logp_grad_sensitivity(x64, t64, temperature, g, ge, d64)
     terms = np.maximum(np.abs(d64), floor / u) + (UNIT_ROUNDOFF["float32"] / u) * s
+    if saved is not None:
+        terms = terms + (UNIT_ROUNDOFF[contracts.dtype_name(saved)] / u) * saved_logits_sensitivity(
+            x64, t64, temperature, g, ge)
     sens = {"d_hidden": terms @ np.abs(w64), "d_weight": terms.T @ np.abs(h64), "d_bias": terms.sum(axis=0)}
     for k, name in enumerate(("d_hidden", "d_weight", "d_bias")):
         if name in outs:
@@ -149,7 +157,7 @@ def judge_linear_logp(case: LinearCase, device, with_grad=True) -> dict:
     return judge_errors(linear_errors(case, device, with_grad), case.dtype, arch_of(torch.device(device)))
 
 
-def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.0) -> RowOp:
+def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.0, saved="recompute") -> RowOp:
     """linear_logp as a RowOp over tokens (inputs: hidden rows, targets); the weight and bias are
     shared by every batch. Gradients judged: d hidden (rows); d weight is a sum over tokens."""
     from ..logp import linear_logp
@@ -162,13 +170,14 @@ def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.
         return hidden, torch.randint(0, V, (n,), generator=gen).to(device)
 
     def forward(hidden, targets):
-        return linear_logp(hidden, weight, targets, bias=b, temperature=temperature, return_entropy=True)
+        return linear_logp(hidden, weight, targets, bias=b, temperature=temperature, return_entropy=True,
+                           saved=saved)
 
     def padding(n, gen):
         return (torch.zeros(n, H, dtype=dtype, device=device),
                 torch.full((n,), IGNORE_INDEX, dtype=torch.long, device=device))
 
-    return RowOp(f"linear_logp[H={H},V={V},{contracts.dtype_name(dtype)}]", forward, make_rows,
+    return RowOp(f"linear_logp[H={H},V={V},{contracts.dtype_name(dtype)},saved={saved}]", forward, make_rows,
                  grad_inputs=(0,), make_padding=padding)
 
 

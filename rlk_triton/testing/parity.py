@@ -85,14 +85,8 @@ def row_scale(logits64, temperature):
     return (x.max(axis=-1) if V else np.zeros(x.shape[:-1])) + np.log(max(V, 1))
 
 
-def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_INDEX):
-    """First-order size of fp32 rounding in d logits_j, for the gradient judgment.
-
-    The kernel forms p_j = exp(x_j - lse) with a relative error of order eps * row_scale, and
-    log p_j + H with an absolute one of the same order, so
-      |error_j| ~ eps * (|d_j| + row_scale * max(p_j, 2^-126) * (|g| + |h| * (1 + row_scale)) / T),
-    the first term for the final products (by g, h and 1/T) of the element itself.
-    """
+def _softmax_terms(x64, tgt64, t64, g, ignore_index):
+    """(T, z = x / T, row max of z, softmax p, row_scale, |g| with ignored rows 0), rows as columns."""
     t = np.asarray(t64, np.float64)
     t = t[:, None] if t.ndim else t
     x = x64 / t
@@ -103,8 +97,33 @@ def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_I
     p = p / p.sum(axis=-1, keepdims=True)
     sc = row_scale(x64, t64)[:, None]
     g = np.where(np.asarray(tgt64) == ignore_index, 0.0, np.abs(g))[:, None]
+    return t, x, m, p, sc, g
+
+
+def logp_grad_sensitivity(x64, tgt64, t64, g, h, ref_grad, ignore_index=IGNORE_INDEX):
+    """First-order size of fp32 rounding in d logits_j, for the gradient judgment.
+
+    The kernel forms p_j = exp(x_j - lse) with a relative error of order eps * row_scale, and
+    log p_j + H with an absolute one of the same order, so
+      |error_j| ~ eps * (|d_j| + row_scale * max(p_j, 2^-126) * (|g| + |h| * (1 + row_scale)) / T),
+    the first term for the final products (by g, h and 1/T) of the element itself.
+    """
+    t, x, m, p, sc, g = _softmax_terms(x64, tgt64, t64, g, ignore_index)
     p = np.maximum(p, FP32_MIN_NORMAL)  # fp32 holds p to eps * max(p, smallest normal)
     return np.abs(ref_grad) + sc * p * (g + np.abs(h)[:, None] * (1.0 + sc)) / t
+
+
+def saved_logits_sensitivity(x64, tgt64, t64, g, h, ignore_index=IGNORE_INDEX):
+    """First-order size of rounding the saved logits (linear_logp saved="logits") in d logits_j.
+
+    The forward keeps z_j - (its tile's row max), rounded to the saved dtype: an absolute error of
+    u_saved * |z_j - tile max| <= u_saved * (row max - z_j), which moves log p_j by as much, so
+      |error_j| ~ u_saved * (row max - z_j) * p_j * (|g| + |h| * (1 + row_scale)) / T.
+    Returned without u_saved (the caller scales it, as it does logp_grad_sensitivity's)."""
+    t, x, m, p, sc, g = _softmax_terms(x64, tgt64, t64, g, ignore_index)
+    with np.errstate(invalid="ignore"):  # a -inf logit: p = 0 there
+        spread = np.where(p > 0, (m - x) * p, 0.0)
+    return spread * (g + np.abs(h)[:, None] * (1.0 + sc)) / t
 
 
 def judge_selected_logp(case: LogpCase, device, with_grad=True, backend="triton") -> dict:

@@ -1,0 +1,132 @@
+"""linear_logp(saved="logits"): the forward keeps z - tile max for the backward instead of the
+backward recomputing the logits. logp and entropy are the recompute path's bits; the gradients are
+judged by the same contract with the saved dtype's rounding in the sensitivity (linear_parity; the
+parity tests of both policies are in test_linear_logp.py); batch invariance, determinism and the
+descriptor path hold as for the default."""
+import pytest
+import torch
+
+from rlk_triton import configs
+from rlk_triton._runtime import arch_of
+from rlk_triton.errors import InputError
+from rlk_triton.logp import linear_logp
+from rlk_triton.ops import linear_logp as op
+from rlk_triton.testing import check_batch_invariance
+from rlk_triton.testing.linear_parity import LinearCase, build_linear_case, linear_logp_row_op
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _fwd_bwd(hidden, weight, bias, targets, saved, T=0.9):
+    g = torch.linspace(-1, 1, hidden.shape[0], device=hidden.device)
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (hidden, weight, bias)]
+    logp, ent = linear_logp(leaves[0], leaves[1], targets, bias=leaves[2], temperature=T, return_entropy=True,
+                            saved=saved)
+    ((logp * g).sum() + (ent * g.flip(0)).sum()).backward()
+    return logp.detach(), ent.detach(), [x.grad for x in leaves if x is not None]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_bits_do_not_depend_on_saved(device, dtype):
+    """A rollout (no backward, saved="recompute") and a training step (saved="logits") get the same logp."""
+    case = LinearCase(37, 48, 300, dtype, bias=True, seed=11)
+    hidden, weight, bias, targets = build_linear_case(case, device)
+    a, b = (_fwd_bwd(hidden, weight, bias, targets, s) for s in ("recompute", "logits"))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_batch_invariance_of_values_and_d_hidden(device, dtype):
+    chunk = configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device(device)), dtype).chunk_v
+    V = 2 * chunk + 37 if device == "cpu" else 4099
+    report = check_batch_invariance(linear_logp_row_op(48 if device == "cpu" else 256, V, dtype, device,
+                                                       saved="logits"),
+                                    batch_sizes=(5, 21) if device == "cpu" else (5, 300))
+    assert report.passed, report.failures()[:5]
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_gradients_bitwise_on_repeat(device, dtype):
+    hidden, weight, bias, targets = build_linear_case(LinearCase(23, 40, 300, dtype, bias=True, seed=3), device)
+    a, b = (_fwd_bwd(hidden, weight, bias, targets, "logits") for _ in range(2))
+    for x, y in zip(a[2], b[2]):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch):
+    import dataclasses
+
+    n, h, v = (37, 48, 300) if device == "cpu" else (300, 520, 9000)
+    hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=5), device)
+    arch = arch_of(torch.device(device))
+    runs = []
+    for flag in (False, True):
+        for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
+            key = (kernel, configs.table_arch(arch, kernel), str(dtype).removeprefix("torch."), "any")
+            monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
+                                dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))
+        runs.append(_fwd_bwd(hidden, weight, bias, targets, "logits"))
+    (lp0, e0, g0), (lp1, e1, g1) = runs
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    assert all(torch.equal(x, y) for x, y in zip(g0, g1))
+
+
+@pytest.mark.parametrize("dtype,kept", [(torch.bfloat16, torch.float16), (torch.float16, torch.float16),
+                                        (torch.float32, torch.float32)])
+def test_what_the_forward_keeps(device, dtype, kept):
+    """saved="logits": N x V of the saved dtype (2 bytes for 16-bit inputs) and the tiles' row maxima;
+    "recompute": nothing of that size. The saved values are z - tile max: <= 0, 0 at each tile's max."""
+    N, H, V = 9, 32, 200
+    hidden, weight, bias, targets = build_linear_case(LinearCase(N, H, V, dtype, bias=True, seed=1), device)
+    out = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, True)
+    saved, tile_max = out[4], out[5]
+    tiles = -(-V // op.tile_config("linear_logp_fwd", hidden).block_n)
+    assert saved.shape == (N, V) and saved.dtype == kept and tile_max.shape == (tiles, N)
+    assert (saved <= 0).all()
+    bn = op.tile_config("linear_logp_fwd", hidden).block_n
+    for t in range(tiles):
+        assert (saved[:, t * bn:(t + 1) * bn].amax(1) == 0).all()
+    none = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, False)
+    assert none[4].numel() == 0 and none[5].numel() == 0
+
+
+def test_ignored_rows_have_no_logp_gradient(device):
+    hidden, weight, _, targets = build_linear_case(LinearCase(6, 32, 150, torch.float32, seed=2), device)
+    targets[:] = -100
+    h = hidden.clone().requires_grad_()
+    linear_logp(h, weight, targets, saved="logits").sum().backward()
+    assert torch.equal(h.grad, torch.zeros_like(h.grad))
+
+
+def test_bad_saved_is_a_typed_error(device):
+    hidden, weight, _, targets = build_linear_case(LinearCase(4, 32, 150, torch.float32), device)
+    with pytest.raises(InputError, match="saved"):
+        linear_logp(hidden, weight, targets, saved="everything")
+    with pytest.raises(InputError, match="saved"):  # before any collective: no process group is touched
+        linear_logp(hidden, weight, targets, saved="logits", tp_group=object(), global_vocab_size=150)
+
+
+def test_configs_keep_the_saved_path_aligned():
+    """The saved backward reads one forward tile per block: the dlogits tiles equal the forward's and
+    chunk_v is a multiple of block_n on every arch and dtype (the launcher refuses otherwise)."""
+    for (kernel, arch, dt, bucket), cfg in configs.LOCKED_CONFIGS.items():
+        if kernel == "linear_logp_dlogits":
+            fwd = configs.LOCKED_CONFIGS[("linear_logp_fwd", arch, dt, bucket)]
+            assert (fwd.block_m, fwd.block_n) == (cfg.block_m, cfg.block_n) and cfg.chunk_v % cfg.block_n == 0
+
+
+def test_under_torch_compile(device):
+    hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True, seed=8), device)
+
+    def f(h, w, b, t):
+        lp, ent = linear_logp(h, w, t, bias=b, temperature=0.8, return_entropy=True, validate=False, saved="logits")
+        return (lp + 0.1 * ent).sum()
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    f(*leaves, targets).backward()
+    eager = [x.grad.clone() for x in leaves]
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    torch.compile(f, backend=backend, fullgraph=True)(*leaves, targets).backward()
+    assert all(torch.equal(a, x.grad) for a, x in zip(eager, leaves))
