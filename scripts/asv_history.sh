@@ -36,7 +36,12 @@ conf.update(repo=repo, benchmark_dir=f"{root}/asv_bench/benchmarks", results_dir
             env_dir="/tmp/asv-env", html_dir="/tmp/asv-html")
 json.dump(conf, open(out, "w"), indent=1)
 EOF
-python3 -m asv machine --config "$CONF" --yes --machine "$MACHINE" > /dev/null
+# asv has no GPU field: the GPU goes in front of the CPU model (the 2026-12-04 runs recorded the name only)
+GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
+python3 -m asv machine --config "$CONF" --yes --machine "$MACHINE" --os "$(uname -sr)" --arch "$(uname -m)" \
+  --cpu "GPU ${GPU:-none}; CPU ${CPU:-unknown}" --num_cpu "$(nproc)" \
+  --ram "$(awk '/MemTotal/ {print $2}' /proc/meminfo)" > /dev/null
 status=0
 for sha in "$@"; do
   full=$(git --git-dir="$REPO" rev-parse "$sha^{commit}") || { status=1; continue; }
