@@ -423,7 +423,46 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the report (device, versions, commit, date, config fingerprint, rows) to FILE, "
                         "rewritten after every case")
     b.set_defaults(fn=_bench)
+    n = sub.add_parser("native", help="native CUDA kernels: admission records and the bitwise gate")
+    n.add_argument("action", choices=("status", "admit"),
+                   help="status: each native kernel and why it is or is not admitted here; admit: build, run "
+                        "the gate against the Triton kernel on this GPU, record the admission")
+    n.add_argument("--op", nargs="+", default=None, metavar="OP", help="native kernels to admit (default: all)")
+    n.add_argument("--device", default="cuda", help="the CUDA device (default: cuda)")
+    n.add_argument("--json", action="store_true", help=JSON_HELP)
+    n.set_defaults(fn=_native)
     return ap
+
+
+def _native(args) -> int:
+    from . import native
+
+    if args.action == "status":
+        rows = native.status(args.device)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        for r in ([] if args.json else rows):
+            print(f"{r['backend']:22s} {'admitted' if r['admitted'] else 'not admitted'}: {r['reason']}")
+        return 0
+    reports = []
+    for op in args.op or sorted(native.OPS):
+        why = native.unavailable_reason(op, args.device)
+        if why:
+            reports.append({"op": op, "admitted": False, "unavailable": why})
+            continue
+        reports.append(native.admit(op, args.device))
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    for r in ([] if args.json else reports):
+        if "unavailable" in r:
+            print(f"{r['op']}: not run: {r['unavailable']}")
+        elif r["admitted"]:
+            print(f"{r['op']}: admitted, {r['cases']} cases bitwise equal; record {r['record']}")
+        else:
+            first = r["mismatches"][0]
+            print(f"{r['op']}: REFUSED, {len(r['mismatches'])} outputs differ (first: {first['case']}, output "
+                  f"{first['output']}, {first['elements_differing']} elements)")
+    return 0 if all(r["admitted"] for r in reports) else 1
 
 
 def _bench_families() -> list:

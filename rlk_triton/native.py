@@ -1,0 +1,279 @@
+"""native/: optional hand-written CUDA kernels, admitted per machine only when bitwise equal to the
+Triton kernel (native/README.md, docs/native.md).
+
+- Build: torch.utils.cpp_extension compiles native/*.cu and bindings.cpp on first use (ninja, sm_90a,
+  --fmad=false), only with a CUDA torch and nvcc; a CPU install never tries.
+- Gate: `admit(op)` (`rlk-triton native admit`) runs the op's gate cases with the native and the Triton
+  kernel and requires the same bits in every output (NaNs by their bit patterns). Success writes a
+  record with this process's fingerprint to the per-user cache ($RLK_NATIVE_CACHE, else
+  ~/.cache/rlk_triton/native/<op>.json).
+- A record counts only while its fingerprint equals the current one (sources, build flags, nvcc,
+  device and capability, driver, CUDA, torch, triton, the locked-config fingerprint): `status()` says
+  why each op is or is not admitted. Nothing here switches a call to a native kernel by itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .errors import InputError, RlkError
+
+NATIVE_DIR = Path(__file__).resolve().parents[1] / "native"  # a source checkout (editable install)
+BUILD_FLAGS = ("-O3", "--fmad=false", "-gencode=arch=compute_90a,code=sm_90a")
+RECORD_FORMAT = "rlk-triton-native-admission/1"
+
+
+class NativeUnavailable(RlkError, RuntimeError):
+    """The native build cannot run here (no CUDA torch, no nvcc, no sources); the message says which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeOp:
+    op: str  # the registry's operator name
+    sources: tuple  # files under native/ that make its binary
+    arch: str  # the one arch its kernels are written for
+    cases: Callable[[str], list]  # device -> [(label, inputs)]
+    triton: Callable  # inputs -> tuple of tensors (the semantic implementation)
+    native: Callable  # (extension module, inputs) -> tuple of tensors
+
+
+# ---- rms_norm forward (no residual) ----
+
+def _rmsnorm_config(x):
+    """(BLOCK_H, num_warps) of the locked Triton config the launcher uses for x: the native layout."""
+    from .ops import rmsnorm
+
+    cfg = rmsnorm._cfg("rmsnorm_fwd", x, x.shape[1])
+    return rmsnorm.hidden_tile(cfg, x.shape[1]), cfg.num_warps
+
+
+def _rmsnorm_triton(x, w, eps, offset):
+    from .ops import rmsnorm
+
+    y, _, rstd = rmsnorm.launch_forward(x, w, None, eps, offset)
+    return y, rstd
+
+
+def _rmsnorm_native(ext, x, w, eps, offset):
+    block, warps = _rmsnorm_config(x)
+    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, torch.cuda.current_stream(x.device).cuda_stream))
+
+
+def _rmsnorm_cases(device) -> list:
+    """One-tile rows of every H bucket and dtype, tails, special values; batch sizes 1..300 so the
+    same rows also show batch invariance."""
+    out = []
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for H in (128, 1000, 1024, 4096, 4099, 8192, 12288, 16384):
+            for N in (1, 7, 300):
+                x = (torch.randn(N, H, generator=g) * 3).to(dt)
+                if N == 7:  # zeros, a huge row, subnormal-sized values
+                    x[1] = 0
+                    x[2] = x[2] * 1e4 if dt != torch.float16 else x[2] * 100
+                    x[3] = x[3] * 1e-30 if dt != torch.float16 else x[3] * 1e-6
+                w = (torch.randn(H, generator=g) * 0.5 + 1).to(dt)
+                for eps, offset in ((1e-6, 0.0), (1e-5, 1.0)):
+                    out.append((f"{str(dt)[6:]} N={N} H={H} eps={eps} offset={offset}",
+                                (x.to(device), w.to(device), eps, offset)))
+        x = torch.randn(5, 4096 + 64, generator=g).to(dt)[:, :4096]  # a row stride wider than H
+        out.append((f"{str(dt)[6:]} strided rows", (x.to(device), torch.ones(4096, dtype=dt).to(device), 1e-6, 0.0)))
+    return out
+
+
+OPS = {"rmsnorm": NativeOp("rmsnorm", ("rmsnorm_kernels.cu", "bindings.cpp"), "sm90", _rmsnorm_cases,
+                           _rmsnorm_triton, _rmsnorm_native)}
+
+
+def native_op(op: str) -> NativeOp:
+    if op not in OPS:
+        raise InputError("op", f"no native kernel for {op!r} (have: {sorted(OPS)})")
+    return OPS[op]
+
+
+# ---- fingerprint and records ----
+
+def _nvcc() -> Optional[str]:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    for cand in ((Path(CUDA_HOME) / "bin" / "nvcc") if CUDA_HOME else None, shutil.which("nvcc")):
+        if cand and Path(cand).exists():
+            return str(cand)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def source_hash(op: str) -> str:
+    """sha256 of the op's native sources and the build flags: names the binary."""
+    h = hashlib.sha256(json.dumps(BUILD_FLAGS).encode())
+    for name in native_op(op).sources:
+        path = NATIVE_DIR / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"<missing>"))
+    return h.hexdigest()[:16]
+
+
+def _driver() -> Optional[str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception:  # noqa: BLE001 - nvml absent: the driver is not part of the fingerprint then
+        return None
+
+
+def fingerprint(op: str, device="cuda") -> dict:
+    """What an admission depends on, for `op` on `device` in this process."""
+    import triton
+
+    from . import configs
+    from ._runtime import arch_of
+
+    dev = torch.device(device)
+    gpu = dev.type == "cuda" and torch.cuda.is_available()
+    nvcc = _nvcc()
+    return {
+        "op": op, "sources": source_hash(op), "build_flags": list(BUILD_FLAGS),
+        "nvcc": _nvcc_version(nvcc) if nvcc else None,
+        "device": torch.cuda.get_device_name(dev) if gpu else None,
+        "capability": list(torch.cuda.get_device_capability(dev)) if gpu else None,
+        "driver": _driver() if gpu else None, "cuda": torch.version.cuda,
+        "torch": torch.__version__, "triton": triton.__version__,
+        "locked_configs": configs.fingerprint(arch_of(dev)) if gpu else None,
+    }
+
+
+def records_dir() -> Path:
+    root = os.environ.get("RLK_NATIVE_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "rlk_triton" / "native"
+
+
+def record_path(op: str) -> Path:
+    return records_dir() / f"{native_op(op).op}.json"
+
+
+def read_record(op: str) -> Optional[dict]:
+    path = record_path(op)
+    if not path.exists():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == RECORD_FORMAT else None
+
+
+def _write_record(op: str, record: dict) -> Path:
+    path = record_path(op)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(path)  # atomic: a crash never leaves half a record
+    return path
+
+
+def admission(op: str, device="cuda") -> tuple[bool, str]:
+    """(admitted here, why): a record exists and its fingerprint is this process's."""
+    rec = read_record(op)
+    if rec is None:
+        return False, f"no admission record at {record_path(op)}: run `rlk-triton native admit --op {op}`"
+    now = fingerprint(op, device)
+    changed = sorted(k for k in set(now) | set(rec.get("fingerprint", {})) if rec["fingerprint"].get(k) != now.get(k))
+    if changed:
+        return False, "stale record: " + ", ".join(f"{k} {rec['fingerprint'].get(k)!r} -> {now.get(k)!r}"
+                                                   for k in changed)
+    return True, f"admitted {rec['date']} ({rec['cases']} cases bitwise equal)"
+
+
+def status(device="cuda") -> list[dict]:
+    return [{"op": op, "backend": f"{op}.cuda_native", "admitted": ok, "reason": why}
+            for op in OPS for ok, why in [admission(op, device)]]
+
+
+# ---- build ----
+
+def unavailable_reason(op: str, device="cuda") -> Optional[str]:
+    """Why the native build of `op` cannot run on `device` here, or None."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return f"native kernels run on CUDA devices, not {dev.type}"
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return "no CUDA torch here"
+    from ._runtime import arch_of
+
+    if arch_of(dev) != native_op(op).arch:
+        return f"written for {native_op(op).arch}, this device is {arch_of(dev)}"
+    if _nvcc() is None:
+        return "no nvcc (CUDA_HOME / PATH)"
+    missing = [s for s in native_op(op).sources if not (NATIVE_DIR / s).exists()]
+    if missing:
+        return f"sources not installed ({', '.join(missing)} under {NATIVE_DIR}): use a source checkout"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def load(op: str):
+    """The op's compiled extension (built once per source hash; ninja caches it across processes)."""
+    why = unavailable_reason(op)
+    if why:
+        raise NativeUnavailable(why)
+    from torch.utils.cpp_extension import load as build
+
+    nop = native_op(op)
+    return build(name=f"rlk_native_{op}_{source_hash(op)}", sources=[str(NATIVE_DIR / s) for s in nop.sources],
+                 extra_cuda_cflags=list(BUILD_FLAGS), verbose=False)
+
+
+# ---- the gate ----
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bits (a NaN equals the same NaN; +0 differs from -0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+def gate(op: str, native: Callable, triton: Callable, cases: list) -> dict:
+    """Run every case with both implementations; the report lists each mismatching output."""
+    mismatches = []
+    for label, inputs in cases:
+        want, got = triton(*inputs), native(*inputs)
+        for i, (a, b) in enumerate(zip(want, got)):
+            if not same_bits(a, b):
+                bad = (a.float() != b.float()).sum().item() if a.shape == b.shape else None
+                mismatches.append({"case": label, "output": i, "elements_differing": bad})
+        if len(want) != len(got):
+            mismatches.append({"case": label, "output": "count", "elements_differing": None})
+    return {"op": op, "cases": len(cases), "mismatches": mismatches, "admitted": not mismatches}
+
+
+def admit(op: str, device="cuda") -> dict:
+    """Build, run the gate on `device`, write the record on success (and remove a stale one on failure)."""
+    nop = native_op(op)
+    ext = load(op)
+    report = gate(op, lambda *a: nop.native(ext, *a), nop.triton, nop.cases(device))
+    report["fingerprint"] = fingerprint(op, device)
+    if report["admitted"]:
+        report["record"] = str(_write_record(op, {
+            "format": RECORD_FORMAT, "op": op, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "cases": report["cases"], "fingerprint": report["fingerprint"]}))
+    elif record_path(op).exists():
+        record_path(op).unlink()  # a failed gate voids an earlier admission of other bits
+    return report

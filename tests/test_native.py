@@ -1,0 +1,128 @@
+"""native/: the sources compile (nvcc for sm_90a, the torch binding's syntax with the CPU torch's
+headers), admission records count only with this process's fingerprint, the gate refuses one differing
+bit, and nothing runs without a CUDA torch. On the GPU: the rms_norm kernel goes through the gate."""
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+import torch
+
+from rlk_triton import cli, native
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc on this machine")
+def test_kernels_compile_for_sm90(tmp_path):
+    for name in native.OPS["rmsnorm"].sources:
+        if name.endswith(".cu"):
+            out = subprocess.run([NVCC, "-c", *native.BUILD_FLAGS, str(native.NATIVE_DIR / name), "-o",
+                                  str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
+def test_binding_parses_against_torch_headers():
+    from torch.utils.cpp_extension import include_paths
+
+    flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    out = subprocess.run(["g++", "-std=c++20", "-w", "-fsyntax-only", *flags, "-DTORCH_EXTENSION_NAME=rlk_native",
+                          str(native.NATIVE_DIR / "bindings.cpp")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLK_NATIVE_CACHE", str(tmp_path / "records"))
+    return tmp_path / "records"
+
+
+def _record(fp):
+    return {"format": native.RECORD_FORMAT, "op": "rmsnorm", "date": "2026-12-04T00:00:00+00:00", "cases": 3,
+            "fingerprint": fp}
+
+
+def test_no_record_means_not_admitted(cache):
+    ok, why = native.admission("rmsnorm", "cpu")
+    assert not ok and "no admission record" in why and str(cache) in why
+    (row,) = native.status("cpu")
+    assert row["backend"] == "rmsnorm.cuda_native" and row["admitted"] is False
+
+
+def test_a_record_counts_only_with_this_fingerprint(cache):
+    fp = native.fingerprint("rmsnorm", "cpu")
+    native._write_record("rmsnorm", _record(fp))
+    assert native.admission("rmsnorm", "cpu")[0]
+    for key, other in (("sources", "0" * 16), ("torch", "0.0"), ("locked_configs", "feedface")):
+        native._write_record("rmsnorm", _record(dict(fp, **{key: other})))
+        ok, why = native.admission("rmsnorm", "cpu")
+        assert not ok and why.startswith("stale record") and key in why
+    native.record_path("rmsnorm").write_text("{not json")
+    assert not native.admission("rmsnorm", "cpu")[0]  # an unreadable record is no record
+
+
+def test_the_source_hash_names_the_sources(tmp_path, monkeypatch):
+    before = native.source_hash("rmsnorm")
+    for name in native.OPS["rmsnorm"].sources:
+        shutil.copy(native.NATIVE_DIR / name, tmp_path / name)
+    monkeypatch.setattr(native, "NATIVE_DIR", tmp_path)
+    assert native.source_hash("rmsnorm") == before
+    (tmp_path / "rmsnorm_kernels.cu").write_text((tmp_path / "rmsnorm_kernels.cu").read_text() + "\n// edit\n")
+    assert native.source_hash("rmsnorm") != before
+
+
+def test_same_bits():
+    a = torch.tensor([1.0, float("nan"), 0.0])
+    assert native.same_bits(a, a.clone())
+    assert not native.same_bits(a, torch.tensor([1.0, float("nan"), -0.0]))  # -0 is another bit pattern
+    assert not native.same_bits(a, a.double())
+    b = a.clone()
+    b[0] = torch.nextafter(b[0], torch.tensor(2.0))
+    assert not native.same_bits(a, b)
+
+
+def test_the_gate_refuses_one_differing_bit():
+    def triton(x):
+        return (x * 2, x.sum().reshape(1))
+
+    def one_bit_off(x):
+        y, s = triton(x)
+        y = y.clone()
+        y.view(torch.int32)[3] ^= 1
+        return y, s
+
+    cases = [(f"case {i}", (torch.randn(8, generator=torch.Generator().manual_seed(i)),)) for i in range(3)]
+    assert native.gate("toy", triton, triton, cases)["admitted"]
+    report = native.gate("toy", one_bit_off, triton, cases)
+    assert not report["admitted"] and len(report["mismatches"]) == 3
+    assert report["mismatches"][0] == {"case": "case 0", "output": 0, "elements_differing": 1}
+
+
+def test_nothing_runs_without_a_cuda_torch(cache, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert native.unavailable_reason("rmsnorm", "cuda") == "no CUDA torch here"
+    assert native.unavailable_reason("rmsnorm", "cpu").startswith("native kernels run on CUDA")
+    with pytest.raises(native.NativeUnavailable):
+        native.load("rmsnorm")
+    assert cli.main(["native", "admit"]) == 1
+    assert "not run: no CUDA torch here" in capsys.readouterr().out
+    assert cli.main(["native", "status"]) == 0
+    assert "not admitted" in capsys.readouterr().out
+
+
+def test_unknown_op_is_a_typed_error():
+    from rlk_triton.errors import InputError
+
+    with pytest.raises(InputError, match="op"):
+        native.native_op("softmax")
+
+
+@pytest.mark.gpu
+def test_rmsnorm_kernel_through_the_gate(tmp_path, monkeypatch):
+    """The admission itself: every gate case bitwise equal to the Triton kernel, a record written."""
+    monkeypatch.setenv("RLK_NATIVE_CACHE", str(tmp_path))
+    report = native.admit("rmsnorm")
+    assert report["admitted"], report["mismatches"][:5]
+    assert native.admission("rmsnorm")[0]
