@@ -221,9 +221,11 @@ def linear_logp(
         if tp_group is not None:
             _check_shards(tp_group, vocab_start_index, V_local, global_V, hidden2d, flat_targets)
     if tp_group is None:
+        # the logits are kept only for a backward that will read them
+        keep = saved == "logits" and torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (hidden2d, weight, bias))
         logp, entropy, *_ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
-                                                            int(ignore_index), bool(return_entropy),
-                                                            saved == "logits")
+                                                            int(ignore_index), bool(return_entropy), keep)
     else:
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy),

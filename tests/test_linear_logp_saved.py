@@ -91,6 +91,19 @@ def test_what_the_forward_keeps(device, dtype, kept):
     assert none[4].numel() == 0 and none[5].numel() == 0
 
 
+def test_nothing_is_kept_without_a_backward(device, monkeypatch):
+    """Under no_grad, or with no input that needs a gradient, saved="logits" writes no buffer."""
+    seen = []
+    real = op.tile_stats
+    monkeypatch.setattr(op, "tile_stats", lambda *a: seen.append(a[-1] is not None) or real(*a))
+    hidden, weight, _, targets = build_linear_case(LinearCase(5, 32, 150, torch.float32, seed=6), device)
+    with torch.no_grad():
+        linear_logp(hidden.requires_grad_(), weight, targets, saved="logits")
+    linear_logp(hidden.detach(), weight, targets, saved="logits")
+    linear_logp(hidden.detach().requires_grad_(), weight, targets, saved="logits")
+    assert seen == [False, False, True]
+
+
 def test_ignored_rows_have_no_logp_gradient(device):
     hidden, weight, _, targets = build_linear_case(LinearCase(6, 32, 150, torch.float32, seed=2), device)
     targets[:] = -100
