@@ -2,17 +2,21 @@
 // _fwd_kernel's one-tile path (and _fwd_rows_kernel, whose rows use the same per-row layout), with
 // the locked config's BLOCK_H lanes and num_warps (rlk_triton/configs.py "rmsnorm_fwd").
 //
-// The order, read from the Triton kernel's sm90 PTX (blocked layout: sizePerThread 1, 32 threads per
-// warp, num_warps warps, so thread t holds lanes t + k * threads, k = 0 .. E - 1):
-//   1. per thread, a balanced pairwise tree over k: leaves fma(h[2i], h[2i], h[2i+1]^2) (the
-//      compiler contracts the first level of the tree with the products), then halves added;
-//   2. per warp, butterfly adds with shuffle distances 16, 8, 4, 2, 1;
-//   3. across warps: each warp's sum to shared memory, every lane reads the sum of warp (lane %
-//      num_warps) and butterfly adds with distances num_warps / 2 .. 1;
+// The order is Triton 3.6's (the GPU machine's), read from the kernel's sm90 PTX compiled with the 3.6
+// wheel (blocked layout: sizePerThread 1, 32 threads per warp, num_warps warps, so thread t holds
+// lanes t + k * threads, k = 0 .. E - 1):
+//   1. per thread, a chain in k order with each product contracted into the add:
+//        acc = fma(h0, h0, h1 * h1), then acc = fma(hk, hk, acc) for k = 2 .. E - 1;
+//      with E = 1 the product is contracted into the first shuffle's add instead:
+//        s = fma(h0, h0, shfl_xor(h0 * h0, 16))   (lanes then hold different sums: lane 0's counts);
+//   2. per warp, butterfly adds with shuffle distances 16 (unless taken by 1.), 8, 4, 2, 1;
+//   3. across warps: lane 0's sum of each warp to shared memory, then butterfly adds of those sums
+//      with distances num_warps / 2 .. 1 (symmetric adds: every lane gets lane 0's result);
 //   4. rstd = 1 / sqrt_rn(sum / H + eps) with IEEE division and square root; y = (rstd * h) * (w +
 //      weight_offset), rounded once to the output dtype. Masked lanes hold 0 and add exact zeros.
-// Every operation is an explicit _rn intrinsic: nothing is left to contraction (also built with
-// --fmad=false). Whether these are the Triton kernel's bits is what `rlk-triton native admit` checks.
+// Triton 3.9 reduces within a thread in a pairwise tree instead: these bits are 3.6's, and the
+// admission fingerprint carries the triton version. Every operation is an explicit _rn intrinsic
+// (also built with --fmad=false). `rlk-triton native admit` checks the bits on the GPU.
 // No torch headers: CI compiles this file for sm_90a with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,23 +34,14 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// The per-thread tree over v[lo, lo + n): leaves are pairs fma(a, a, b * b), then halves added.
-template <int N>
-struct Tree {
-  static __device__ __forceinline__ float sum_squares(const float* v) {
-    return __fadd_rn(Tree<N / 2>::sum_squares(v), Tree<N / 2>::sum_squares(v + N / 2));
-  }
-};
-template <>
-struct Tree<2> {
-  static __device__ __forceinline__ float sum_squares(const float* v) {
-    return __fmaf_rn(v[0], v[0], __fmul_rn(v[1], v[1]));
-  }
-};
-template <>
-struct Tree<1> {
-  static __device__ __forceinline__ float sum_squares(const float* v) { return __fmul_rn(v[0], v[0]); }
-};
+// Step 1 for E >= 2: the sum of squares of a thread's lanes, chained in lane order.
+template <int E>
+__device__ __forceinline__ float chain_squares(const float* h) {
+  float acc = __fmaf_rn(h[0], h[0], __fmul_rn(h[1], h[1]));
+#pragma unroll
+  for (int k = 2; k < E; ++k) acc = __fmaf_rn(h[k], h[k], acc);
+  return acc;
+}
 
 template <typename T, int E, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
@@ -62,9 +57,15 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
     const int lane = t + k * THREADS;
     h[k] = lane < H ? to_f32(xr[lane]) : 0.0f;
   }
-  float s = Tree<E>::sum_squares(h);
+  float s;
+  if constexpr (E == 1) {
+    s = __fmaf_rn(h[0], h[0], __shfl_xor_sync(0xffffffffu, __fmul_rn(h[0], h[0]), 16));
+  } else {
+    s = chain_squares<E>(h);
+    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
+  }
 #pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+  for (int d = 8; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
   __shared__ float warp_sums[WARPS];
   if ((t & 31) == 0) warp_sums[t >> 5] = s;
   __syncthreads();
