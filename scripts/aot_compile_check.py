@@ -132,7 +132,7 @@ def cases():
                      target_local_ptr=_t(256, dtype=torch.int32), row_max_ptr=x, row_logsum_ptr=x, entropy_ptr=x,
                      grad_logp_ptr=x, grad_entropy_ptr=x, d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x,
                      stride_pb=0, N=256, c0=0, chunk_width=1024, inv_t=1.0, HAS_BIAS=False, WITH_ENTROPY_GRAD=True,
-                     BLOCK_M=dl.block_m, BLOCK_N=dl.block_n), dl.num_warps, 1))
+                     BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, PIECES=8), dl.num_warps, 1))
     # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
     for label, kernel_key, b_t, out_dtype, acc in (("d hidden tiles, fp32 accumulator", "linear_logp_dhidden",
                                                     False, f32, True),

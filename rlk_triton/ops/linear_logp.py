@@ -58,20 +58,27 @@ def _logits_tile(x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, m
 def _store_relative(z, m, rm, n0, row_ok, V_local, saved_ptr, stride_sn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """saved[rm, n0 : n0 + BLOCK_N] = z - m (m: the tile's row max), rounded to the buffer's dtype, in
-    column quarters (the epilogue's register budget: matmul.column_quarters). Relative to the tile max
-    the values that carry the softmax mass sit near 0, where the rounding is finest."""
+    column eighths (the epilogue's register budget, as matmul.column_quarters says; ptxas on sm90 with
+    triton 3.6: whole tile 1308, quarters 196, eighths 100 spill-store bytes per thread). Relative to
+    the tile max the values that carry the softmax mass sit near 0, where the rounding is finest."""
     Q: tl.constexpr = BLOCK_N // 4
     q0, q1, q2, q3 = column_quarters(z - m[:, None], BLOCK_M, BLOCK_N)
     base = saved_ptr + rm.to(tl.int64)[:, None] * stride_sn
-    ty = saved_ptr.dtype.element_ty
-    c = n0 + tl.arange(0, Q)
-    tl.store(base + c[None, :], q0.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
-    c += Q
-    tl.store(base + c[None, :], q1.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
-    c += Q
-    tl.store(base + c[None, :], q2.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
-    c += Q
-    tl.store(base + c[None, :], q3.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+    _store_halves(q0, base, n0, row_ok, V_local, BLOCK_M, Q)
+    _store_halves(q1, base, n0 + Q, row_ok, V_local, BLOCK_M, Q)
+    _store_halves(q2, base, n0 + 2 * Q, row_ok, V_local, BLOCK_M, Q)
+    _store_halves(q3, base, n0 + 3 * Q, row_ok, V_local, BLOCK_M, Q)
+
+
+@triton.jit
+def _store_halves(x, base, c0, row_ok, V_local, BLOCK_M: tl.constexpr, W: tl.constexpr):
+    """x [BLOCK_M, W] stored at columns c0 .. c0 + W of the rows at base, as its two column halves."""
+    left, right = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, W // 2)), (0, 2, 1)))
+    c = c0 + tl.arange(0, W // 2)
+    ty = base.dtype.element_ty
+    tl.store(base + c[None, :], left.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
+    c += W // 2
+    tl.store(base + c[None, :], right.to(ty), mask=row_ok[:, None] & (c < V_local)[None, :])
 
 
 # n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
@@ -229,6 +236,7 @@ def _dlogits_saved_kernel(
     grad_logp_ptr, grad_entropy_ptr, d_ptr, stride_dn, dbias_part_ptr, stride_pb,
     N, c0, chunk_width, inv_t,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PIECES: tl.constexpr,
 ):
     # saved="logits": _dlogits_kernel's epilogue on the forward's saved z - tile max instead of a
     # recomputed GEMM tile. One program per (row block, block_n column block) of the chunk; chunks
@@ -243,9 +251,12 @@ def _dlogits_saved_kernel(
     row_max, row_logsum, g, target, ge, ent = _row_terms(
         r, row_max_ptr, row_logsum_ptr, grad_logp_ptr, target_local_ptr, grad_entropy_ptr, entropy_ptr,
         WITH_ENTROPY_GRAD)
-    Q: tl.constexpr = BLOCK_N // 4
+    # column pieces, left to right, in a loop that is not unrolled: elementwise, so any split gives the
+    # same bits, and one piece's temporaries at a time fit the registers (ptxas on sm90: unrolled
+    # quarters spilled 948-2420 B per thread)
+    Q: tl.constexpr = BLOCK_N // PIECES
     base = saved_ptr + r.to(tl.int64)[:, None] * stride_sn + c0
-    for q in tl.static_range(4):  # column quarters, left to right: elementwise, so any split gives the same bits
+    for q in range(0, PIECES):
         local = pid_n * BLOCK_N + q * Q + tl.arange(0, Q)
         rel = tl.load(base + local[None, :], mask=(local < chunk_width)[None, :], other=0.0)
         z = rel.to(tl.float32) + m_tile[:, None]
@@ -395,7 +406,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
                 d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
                 N, c0, width, 1.0 / temperature,
                 HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                num_warps=cfg.num_warps,
+                PIECES=min(8, cfg.block_n // 8), num_warps=cfg.num_warps,
             )
         else:
             n_progs = _programs(desc, dev, n_row_blocks * triton.cdiv(width, cfg.block_n))
