@@ -99,6 +99,13 @@ def _plan(device: str, on_gpu: bool) -> list:
     for op in registry.operators():
         h = harness(op.name)
         for backend in op.backends:
+            if backend.backend_class == "native":  # held to the Triton kernel's bits by its gate, not re-judged here
+                from . import native
+
+                available, why = native.availability(op.name, device)
+                plan.append(("available", op, backend, "admitted: bitwise equal to the Triton kernel "
+                             "(rlk-triton native admit)" if available else why))
+                continue
             available, why = registry.measure_availability(op.name, backend.name, device)
             if not available:
                 plan.append(("available", op, backend, why))

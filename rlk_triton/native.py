@@ -201,6 +201,15 @@ def admission(op: str, device="cuda") -> tuple[bool, str]:
     return True, f"admitted {rec['date']} ({rec['cases']} cases bitwise equal)"
 
 
+def availability(op: str, device) -> tuple[bool, Optional[str]]:
+    """(usable on `device` in this process, why not): buildable here and admitted under this fingerprint."""
+    why = unavailable_reason(op, device)
+    if why:
+        return False, why
+    ok, why = admission(op, device)
+    return ok, None if ok else why
+
+
 def status(device="cuda") -> list[dict]:
     return [{"op": op, "backend": f"{op}.cuda_native", "admitted": ok, "reason": why}
             for op in OPS for ok, why in [admission(op, device)]]
@@ -238,6 +247,12 @@ def load(op: str):
     nop = native_op(op)
     return build(name=f"rlk_native_{op}_{source_hash(op)}", sources=[str(NATIVE_DIR / s) for s in nop.sources],
                  extra_cuda_cflags=list(BUILD_FLAGS), verbose=False)
+
+
+def rms_norm_fwd(x, weight, eps: float, weight_offset: float):
+    """(y, rstd) of the admitted native rms_norm forward (rlk_triton.ops.rmsnorm calls it for
+    backend="cuda_native" after checking the admission)."""
+    return _rmsnorm_native(load("rmsnorm"), x, weight, eps, weight_offset)
 
 
 # ---- the gate ----

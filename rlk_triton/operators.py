@@ -3,14 +3,17 @@ claims (dtypes, devices, autograd, invariance, determinism, speed rank). One tab
 own statement; the registry adds what it measures here (availability, the build fingerprint,
 contract ids), the test harness (rlk_triton.testing.harness) adds how to check each claim.
 
-Stable backend ids are "<op>.<backend>" ("selected_logp.triton", "selected_logp.torch_reference";
-native ones later). Imports point one way: ops <- this table <- registry / policy <- testing <- cli.
+Stable backend ids are "<op>.<backend>" ("selected_logp.triton", "selected_logp.torch_reference",
+"rmsnorm.cuda_native"). Imports point one way: ops <- this table <- registry / policy <- testing <- cli.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKEND_CLASSES = ("production", "reference", "deterministic")
+# native: a hand-written CUDA kernel, available only where `rlk-triton native admit` recorded it bitwise
+# equal to the Triton kernel under this process's fingerprint (rlk_triton/native.py); strict-eligible
+# exactly then; never faster-ranked than the Triton kernel until a report measures it.
+BACKEND_CLASSES = ("production", "reference", "deterministic", "native")
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -92,7 +95,16 @@ def _rmsnorm() -> Operator:
         "rmsnorm", "kernels, rlk_triton/ops/rmsnorm.py", "cuda; cpu only under the Triton interpreter",
         shape_ranges={"H": [1, "any (one tile up to 16384 on CUDA)"], "leading_dims": "any", "rows": "any"},
         notes="y, residual and d x are batch-invariant per row; d weight sums over the batch on a fixed "
-              "row partition: run-to-run deterministic, no atomics"),))
+              "row partition: run-to-run deterministic, no atomics"),
+        Backend("rmsnorm", "cuda_native", "CUDA kernel native/rmsnorm_kernels.cu (forward; backward by the Triton "
+                "kernels)", "native", strict_eligible=False, optimized=True, speed_rank=1, dtypes=DTYPES,
+                devices="cuda sm90 with nvcc and a source checkout, after `rlk-triton native admit`",
+                autograd=True, parallel_modes=("data",),
+                shape_ranges={"H": "one tile with a lane per thread (128..16384 on sm90)", "residual": "none",
+                              "weight": "x's dtype"},
+                batch_invariant=True, bitwise_deterministic=True,
+                notes="the Triton kernel's bits where admitted (docs/native.md); eager only"),
+    ))
 
 
 def _swiglu() -> Operator:

@@ -130,9 +130,16 @@ def describe(backend: Backend, device) -> dict:
     from . import contracts
 
     device = device_str(device)
-    arch, _ = arch_here(device)
-    available, reason = measure_availability(backend.op, backend.name, device)
+    arch, no_device = arch_here(device)
+    if backend.backend_class == "native":  # the admission record is the measurement (rlk_triton/native.py)
+        from . import native
+
+        available, reason = (False, no_device) if arch is None else native.availability(backend.op, device)
+    else:
+        available, reason = measure_availability(backend.op, backend.name, device)
     d = asdict(backend)
+    if backend.backend_class == "native":
+        d["strict_eligible"] = available
     if arch == "interpreter" and backend.optimized:
         # Triton kernels under the interpreter compute the same function, but are not fast.
         d.update(optimized=False, notes=(backend.notes + " " if backend.notes else "")

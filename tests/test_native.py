@@ -126,3 +126,61 @@ def test_rmsnorm_kernel_through_the_gate(tmp_path, monkeypatch):
     report = native.admit("rmsnorm")
     assert report["admitted"], report["mismatches"][:5]
     assert native.admission("rmsnorm")[0]
+
+
+# ---- the registry and the call path ----
+
+def test_capabilities_list_the_native_backend_with_why_it_is_unavailable():
+    from rlk_triton import registry
+
+    (d,) = [x for x in registry.capabilities("cpu") if x["backend_id"] == "rmsnorm.cuda_native"]
+    assert d["backend_class"] == "native" and not d["available"] and not d["strict_eligible"]
+    assert d["unavailable_reason"].startswith("native kernels run on CUDA")
+
+
+def test_the_policy_never_picks_an_unadmitted_native_backend(device):
+    from rlk_triton import policy
+
+    from rlk_triton.errors import PolicyError
+
+    try:
+        dec = policy.resolve("rmsnorm", dtype=torch.bfloat16, device=device, fast="auto", consistency="strict").to_dict()
+    except PolicyError as ex:  # on a CPU no backend is optimized: the decision record still lists them
+        dec = ex.decision
+    assert dec["chosen"] != "rmsnorm.cuda_native"
+    (cand,) = [c for c in dec["candidates"] if c["backend_id"] == "rmsnorm.cuda_native"]
+    assert not cand["taken"] and cand["class"] == "native"
+
+
+def test_cuda_native_without_an_admission_is_a_typed_error(device):
+    from rlk_triton.errors import BackendError
+    from rlk_triton.ops.rmsnorm import rms_norm
+
+    x = torch.randn(3, 128, device=device)
+    w = torch.ones(128, device=device)
+    with pytest.raises(BackendError, match="not usable here"):
+        rms_norm(x, w, backend="cuda_native")
+    with pytest.raises(BackendError, match="residual"):
+        rms_norm(x, w, backend="cuda_native", residual=x)
+    with pytest.raises(BackendError, match="unknown backend"):
+        rms_norm(x, w, backend="cuda")
+
+
+def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkeypatch):
+    """The call path, with the native forward stood in by the Triton launcher (the gate's job is the
+    bits; this checks the plumbing): values and gradients are the Triton path's."""
+    from rlk_triton.ops import rmsnorm
+
+    monkeypatch.setattr(native, "availability", lambda op, dev: (True, None))
+    monkeypatch.setattr(native, "rms_norm_fwd", lambda x, w, eps, off: native._rmsnorm_triton(x, w, eps, off))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 96, generator=g).to(device, torch.bfloat16)
+    w = (torch.randn(96, generator=g) + 1).to(device, torch.bfloat16)
+    outs = []
+    for backend in ("triton", "cuda_native"):
+        xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = rmsnorm.rms_norm(xl, wl, eps=1e-5, weight_offset=0.5, backend=backend)
+        y.float().square().sum().backward()
+        outs.append((y.detach(), xl.grad, wl.grad))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

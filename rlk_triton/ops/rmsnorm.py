@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of, interpreter_active
-from ..errors import DeviceError, DTypeError, InputError, LayoutError, ShapeError
+from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
 from .dispatch import autograd_op
 
@@ -376,6 +376,7 @@ def rms_norm(
     eps: float = 1e-6,
     residual: Optional[torch.Tensor] = None,
     weight_offset: float = 0.0,
+    backend: str = "triton",
 ):
     """RMSNorm over the last dim, optionally after a fused residual add.
 
@@ -387,18 +388,58 @@ def rms_norm(
         residual: optional, x's shape, dtype and device. Then h = dtype(x + residual) in fp32
             arithmetic is normalized and also returned (the residual stream of the next layer).
         weight_offset: the scale is (weight + weight_offset) in fp32; 1.0 for Gemma's (1 + w).
+        backend: "triton" (default), or "cuda_native": the native forward (docs/native.md), only where
+            `rlk-triton native admit` recorded it bitwise equal to the Triton kernel under this
+            process's fingerprint (BackendError saying why otherwise); no residual; eager only. Its
+            backward is the Triton kernels'.
 
     Returns:
         y with x's shape and dtype (contiguous), or (y, residual_out) when residual is given.
         Differentiable w.r.t. x, weight and residual (x and residual get the same gradient).
     """
     H = _check(x, weight, residual, eps, weight_offset)
+    if backend != "triton":
+        return _rms_norm_native(x, weight, residual, float(eps), float(weight_offset), backend, H)
     x2d = x.reshape(-1, H)
     r2d = residual.reshape(-1, H) if residual is not None else None
     y, res_out, _ = call_rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
     if residual is None:
         return y.view(x.shape)
     return y.view(x.shape), res_out.view(x.shape)
+
+
+class _NativeForward(torch.autograd.Function):
+    """The admitted native forward with the Triton backward: the same setup_context and backward as
+    the custom op, on the same saved tensors (the native rstd is the Triton kernel's bits)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, weight_offset):
+        from .. import native
+
+        y, rstd = native.rms_norm_fwd(x, weight, eps, weight_offset)
+        out = (y, x.new_empty(0), rstd)
+        _setup_context(ctx, (x, weight, residual, eps, weight_offset), out)
+        return out
+
+    backward = staticmethod(_backward)
+
+
+def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
+    from .. import native
+
+    if backend != "cuda_native":
+        raise BackendError("backend", f"unknown backend {backend!r} (have: triton, cuda_native)")
+    if residual is not None:
+        raise BackendError("backend", "cuda_native has no residual variant: use backend='triton'")
+    if weight.dtype != x.dtype:
+        raise BackendError("backend", f"cuda_native needs the weight in x's dtype {x.dtype}, got {weight.dtype}")
+    if torch.compiler.is_compiling():
+        raise BackendError("backend", "cuda_native runs in eager only: use backend='triton' under torch.compile")
+    ok, why = native.availability("rmsnorm", x.device)
+    if not ok:
+        raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
+    y, _, _ = _NativeForward.apply(x.reshape(-1, H), weight, None, eps, weight_offset)
+    return y.view(x.shape)
 
 
 def _check(x, weight, residual, eps, weight_offset) -> int:
