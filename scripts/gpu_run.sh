@@ -14,7 +14,7 @@ source "$(dirname "$0")/device_setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS-tests}
 if [ -n "$TESTS" ]; then
-  timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider --durations=15 --junitxml="$OUT/junit.xml" \
+  timeout "${TESTS_S:-400}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider --durations=15 --junitxml="$OUT/junit.xml" \
     -o junit_family=xunit1 $TESTS > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests: exit $?, $(grep -E ' passed| failed' "$OUT/gpu_tests.log" | tail -1)"
   grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | cut -c1-300 | head -30
