@@ -55,6 +55,11 @@ class MatmulConfig:
     # not wait on it and pipeline (prefill chunks: 1.15x faster on the H200); decode steps, bound by
     # the cache read, are faster without. Which address is read when, never a row's math.
     page_ahead: bool = False
+    # attention backward: sequences at least this long fold the blocks that every row / key of a tile
+    # sees whole in a loop without the mask, before (dq) or after (dk / dv) the masked ones, in the
+    # same ascending order; 0 = off (every block masked). Off in the table until an H200 gate shows
+    # the two loops give the masked loop's bits there (the interpreter does: tests/test_attention.py).
+    split_min_len: int = 0
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.

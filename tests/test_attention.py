@@ -147,6 +147,40 @@ def test_backward_deterministic(device):
         assert all(torch.equal(x, y) for x, y in zip(a[i], b[i]))
 
 
+def _with_backward_split(monkeypatch, device, dtype, min_len):
+    """Set split_min_len on the locked backward rows this device uses (0: off, the table's value)."""
+    import dataclasses
+
+    arch = arch_of(torch.device(device))
+    dt = str(dtype).removeprefix("torch.")
+    for kernel in ("attention_bwd_dkdv", "attention_bwd_dq"):
+        key = (kernel, configs.table_arch(arch, kernel), dt, "d<=128")
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
+                            dataclasses.replace(configs.LOCKED_CONFIGS[key], split_min_len=min_len))
+
+
+@pytest.mark.parametrize("causal", (True, False))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_backward_whole_block_loops_give_the_masked_bits(device, dtype, causal, monkeypatch):
+    """configs split_min_len: sequences at least that long fold their whole blocks without the mask.
+    Every output and gradient keeps the all-masked bits, for sequences on both sides of the threshold,
+    tails, GQA and a pack of them (a per-sequence rule: batch invariance is untouched)."""
+    gen = torch.Generator().manual_seed(7)
+    Hq, Hkv, D = 4, 2, 16
+    lens = [53, 16, 9, 40, 1] if device == "cpu" else [4100, 700, 33, 2048, 1]
+    seqs = [_seq(gen, L, Hq, Hkv, D, dtype, device) for L in lens]
+    ups = [(torch.randn(s[0].shape[0], Hq, D, generator=gen).to(device),
+            torch.randn(Hq, s[0].shape[0], generator=gen).to(device)) for s in seqs]
+    order = list(range(len(seqs)))
+    runs = []
+    for min_len in (0, 17 if device == "cpu" else 1024):
+        _with_backward_split(monkeypatch, device, dtype, min_len)
+        runs.append(_run_pack(seqs, order, ups, device, causal=causal))
+    for i in order:
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[0][i], runs[1][i]):
+            assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_batch_invariance_harness(device, dtype):

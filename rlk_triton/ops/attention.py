@@ -345,22 +345,36 @@ def _bwd_preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, N, so_t, so_h, sd
 
 
 @triton.jit
-def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr):
-    """Probabilities p [BM, BN] (recomputed from the LSE) and ds = p * (dO v^T - delta)."""
+def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr, MASKED: tl.constexpr = True):
+    """Probabilities p [BM, BN] (recomputed from the LSE) and ds = p * (dO v^T - delta). Without
+    MASKED every key is visible to every row (`valid` unused): the same arithmetic minus the select."""
     s = _qk(q, k, IEEE) * qk_scale
-    p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
+    p = tl.exp2(s - lse2[:, None])
+    if MASKED:
+        p = tl.where(valid, p, 0.0)
     dp = _qk(do, v, IEEE)
     ds = p * (dp - delta[:, None])
     return p, ds
 
 
 @triton.jit
+def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
+              UPCAST: tl.constexpr):
+    """q, dO, lse (log2 units) and delta of rows tok of head h; rows not ok read 0."""
+    q = _load_rows(q_ptr + h * sq_h, tok, ok, sq_t, rd, UPCAST)
+    do = _load_rows(do_ptr + h * sdo_h, tok, ok, sdo_t, rd, UPCAST)
+    lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + h * slse_h + tok, mask=ok, other=0.0)
+    return q, do, lse2, delta
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
-    qk_scale, scale, N,
+    qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(1)
     hk = tl.program_id(2)
@@ -368,17 +382,17 @@ def _bwd_dkdv_kernel(
     for nb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_N), tl.num_programs(0)):  # as the forward's
         _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
-                        qk_scale, scale, nb, hk, start, seq_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
-                        BLOCK_M, BLOCK_N)
+                        qk_scale, scale, nb, hk, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST,
+                        IEEE, BLOCK_M, BLOCK_N, SPLIT)
 
 
 @triton.jit
 def _bwd_dkdv_block(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
-    qk_scale, scale, nb, hk, start, seq_len,
+    qk_scale, scale, nb, hk, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -391,22 +405,37 @@ def _bwd_dkdv_block(
     lo = 0
     if CAUSAL:  # the first query block that can see this KV block
         lo = (nb * BLOCK_N // BLOCK_M) * BLOCK_M
+    # Query blocks ascending. SPLIT (sequences of at least split_min_len): those the causal diagonal
+    # crosses masked, then those that see the whole KV block without the mask. Rows past the sequence
+    # load q = dO = 0 and add exact zeros to dk / dv; keys past it reach only their own dk / dv rows,
+    # never stored.
+    masked_end = seq_len
+    if SPLIT:
+        whole = lo
+        if CAUSAL:
+            whole = tl.maximum(lo, tl.cdiv((nb + 1) * BLOCK_N - 1, BLOCK_M) * BLOCK_M)
+        masked_end = tl.where(seq_len >= split_min_len, tl.minimum(whole, seq_len), seq_len)
     for g in range(GROUP):  # the group's q heads in ascending order: GQA without atomics
         h = hk * GROUP + g
-        for m0 in range(lo, seq_len, BLOCK_M):  # query blocks ascending
+        for m0 in range(lo, masked_end, BLOCK_M):
             rm = m0 + tl.arange(0, BLOCK_M)
             row_ok = rm < seq_len
-            tok = start + rm
-            q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
-            do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
-            lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
-            delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
+            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, row_ok,
+                                           sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
             valid = row_ok[:, None] & col_ok[None, :]
             if CAUSAL:
                 valid = valid & (rn[None, :] <= rm[:, None])
             p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
             dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
             dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+        if SPLIT:
+            for m0 in range(masked_end, seq_len, BLOCK_M):
+                rm = m0 + tl.arange(0, BLOCK_M)
+                q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, rm < seq_len,
+                                               sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
+                p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
+                dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
+                dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
     tok_n = (start + rn).to(tl.int64)[:, None]
     tl.store(dk_ptr + tok_n * sdk_t + hk * sdk_h + rd[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=col_ok[:, None])
@@ -418,9 +447,9 @@ def _bwd_dkdv_block(
 def _bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
-    qk_scale, scale, N,
+    qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
@@ -428,16 +457,17 @@ def _bwd_dq_kernel(
     for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
         _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
-                      qk_scale, scale, mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                      qk_scale, scale, mb, h, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
+                      BLOCK_M, BLOCK_N, SPLIT)
 
 
 @triton.jit
 def _bwd_dq_block(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
-    qk_scale, scale, mb, h, start, seq_len,
+    qk_scale, scale, mb, h, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     hk = h // GROUP
@@ -445,15 +475,28 @@ def _bwd_dq_block(
     rd = tl.arange(0, HEAD_DIM)
     row_ok = rm < seq_len
     tok = start + rm
-    q = _load_rows(q_ptr + h * sq_h, tok, row_ok, sq_t, rd, UPCAST)
-    do = _load_rows(do_ptr + h * sdo_h, tok, row_ok, sdo_t, rd, UPCAST)
-    lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=row_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(delta_ptr + h * slse_h + tok, mask=row_ok, other=0.0)
+    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, row_ok, sq_t, sq_h, sdo_t, sdo_h,
+                                   slse_h, rd, UPCAST)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = seq_len
     if CAUSAL:
         hi = tl.minimum((mb + 1) * BLOCK_M, seq_len)
-    for n0 in range(0, hi, BLOCK_N):  # KV blocks ascending
+    # KV blocks ascending. SPLIT (sequences of at least split_min_len): those every row of the tile sees
+    # whole first, without the mask (rows past the sequence, never stored, load q = dO = 0), then the
+    # rest masked.
+    masked_start = 0
+    if SPLIT:
+        whole = hi
+        if CAUSAL:
+            whole = tl.minimum(hi, mb * BLOCK_M + 1)
+        masked_start = tl.where(seq_len >= split_min_len, whole // BLOCK_N * BLOCK_N, 0)
+        for n0 in range(0, masked_start, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_ptr + hk * sk_h, start + rn, rn < hi, sk_t, rd, UPCAST)
+            v = _load_rows(v_ptr + hk * sv_h, start + rn, rn < hi, sv_t, rd, UPCAST)
+            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
+            dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
+    for n0 in range(masked_start, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
         k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
@@ -565,14 +608,14 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
         q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        scale * LOG2E, scale, N, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
-        num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
+        scale * LOG2E, scale, N, ckv.split_min_len, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
+        SPLIT=ckv.split_min_len > 0, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
     _bwd_dq_kernel[(max(1, triton.cdiv(max_seqlen, cq.block_m)), S, Hq)](
         q, k, v, dout, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
-        scale * LOG2E, scale, N, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
-        num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+        scale * LOG2E, scale, N, cq.split_min_len, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
+        SPLIT=cq.split_min_len > 0, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
     return dq, dk, dv
 
 
