@@ -8,6 +8,7 @@ from rlk_triton import errors
 from rlk_triton._runtime import arch_of
 from rlk_triton.ops.embedding import embedding
 from rlk_triton.reference.rope_embedding import embedding_grad_reference, embedding_reference
+from rlk_triton.testing.float64_checks import assert_central_differences
 from rlk_triton.testing import assert_batch_invariant
 from rlk_triton.testing.positional import DTYPES, EmbeddingCase, embedding_row_op, judge_embedding, make_ids
 
@@ -133,15 +134,10 @@ def test_reference_gradient_matches_finite_differences():
     up = rng.standard_normal((2, 3, 4))
     for pad in (None, 1):
         grad, sens = embedding_grad_reference(up, ids, 6, pad)
-        fd = np.zeros_like(W)
-        for idx in np.ndindex(W.shape):
-            e = np.zeros_like(W)
-            e[idx] = 1e-6
-            f = lambda w: np.sum(np.where((ids == pad)[..., None], 0.0, up) * embedding_reference(ids, w))  # noqa: E731
-            fd[idx] = (f(W + e) - f(W - e)) / 2e-6
-        # f is linear in w, so the central difference is exact but for rounding: about |f| * 2^-52 / 1e-6,
-        # 1e-10 of the gradient's scale here; 1e-8 leaves 100x
-        np.testing.assert_allclose(grad, fd, rtol=1e-8, atol=1e-8)
+        u = np.where((ids == pad)[..., None], 0.0, up)
+        # linear in w: no truncation error, only the rounding of sums whose terms add up to f_scale
+        assert_central_differences(lambda w: np.sum(u * embedding_reference(ids, w)), W, grad,
+                                   f_scale=float(np.sum(np.abs(u * embedding_reference(ids, W)))))
         assert sens[3].sum() == 0 and (sens[1] > 0).all() == (pad is None)  # id 1 repeats unless padded
 
 

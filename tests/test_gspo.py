@@ -14,6 +14,7 @@ from rlk_triton import errors
 from rlk_triton.losses import BACKENDS, gspo_loss
 from rlk_triton.reference.losses import gspo_grad_reference, gspo_reference
 from rlk_triton.testing import assert_batch_invariant
+from rlk_triton.testing.float64_checks import assert_central_differences
 from rlk_triton.testing.rl_ops import (GSPO_FEATURES, NORMALIZER, TIS_CAP, _np, gspo_inputs, gspo_kwargs, gspo_row_op,
                                        judge_gspo, run_gspo)
 
@@ -58,17 +59,9 @@ def test_gspo_features_multi_tile(device, backend):
 
 # ---- the reference's gradients, by finite differences in float64 ----
 
-def _fd_check(f, x, analytic, h=1e-6):
-    """Central differences of scalar f at every element of x vs analytic (bound: the FD error itself,
-    as tests/test_rl_losses.py: h^2 |f'''| / 6 with |f'''| < 100, plus float64 rounding of f)."""
-    num = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[i] += h
-        xm[i] -= h
-        num[i] = (f(xp) - f(xm)) / (2 * h)
-    bound = h * h * 100 / 6 + 4 * np.finfo(np.float64).eps * (1 + abs(f(x))) / h
-    assert np.abs(num - analytic).max() <= bound, (np.abs(num - analytic).max(), bound)
+def _fd_check(f, x, analytic):
+    """|f'''| < 100 for these inputs, as in tests/test_rl_losses.py."""
+    assert_central_differences(f, x, analytic, third_derivative=100.0)
 
 
 @pytest.mark.parametrize("feature", ("plain", "kl_k1", "kl_k2", "kl_k3", "entropy", "tis_mask", "tis_truncate",
