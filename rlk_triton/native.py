@@ -210,6 +210,13 @@ def availability(op: str, device) -> tuple[bool, Optional[str]]:
     return ok, None if ok else why
 
 
+@functools.lru_cache(maxsize=None)
+def usable(op: str, device: str) -> tuple[bool, Optional[str]]:
+    """availability(), once per (op, device) and process: what the call path asks on every call (the
+    fingerprint hashes the sources and the config table). admit() clears it."""
+    return availability(op, device)
+
+
 def status(device="cuda") -> list[dict]:
     return [{"op": op, "backend": f"{op}.cuda_native", "admitted": ok, "reason": why}
             for op in OPS for ok, why in [admission(op, device)]]
@@ -285,6 +292,7 @@ def admit(op: str, device="cuda") -> dict:
     ext = load(op)
     report = gate(op, lambda *a: nop.native(ext, *a), nop.triton, nop.cases(device))
     report["fingerprint"] = fingerprint(op, device)
+    usable.cache_clear()
     if report["admitted"]:
         report["record"] = str(_write_record(op, {
             "format": RECORD_FORMAT, "op": op, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

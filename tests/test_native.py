@@ -171,7 +171,7 @@ def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkey
     bits; this checks the plumbing): values and gradients are the Triton path's."""
     from rlk_triton.ops import rmsnorm
 
-    monkeypatch.setattr(native, "availability", lambda op, dev: (True, None))
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
     monkeypatch.setattr(native, "rms_norm_fwd", lambda x, w, eps, off: native._rmsnorm_triton(x, w, eps, off))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 96, generator=g).to(device, torch.bfloat16)

@@ -435,7 +435,7 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
         raise BackendError("backend", f"cuda_native needs the weight in x's dtype {x.dtype}, got {weight.dtype}")
     if torch.compiler.is_compiling():
         raise BackendError("backend", "cuda_native runs in eager only: use backend='triton' under torch.compile")
-    ok, why = native.availability("rmsnorm", x.device)
+    ok, why = native.usable("rmsnorm", str(x.device))
     if not ok:
         raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
     y, _, _ = _NativeForward.apply(x.reshape(-1, H), weight, None, eps, weight_offset)
