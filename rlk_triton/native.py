@@ -279,8 +279,10 @@ def gate(op: str, native: Callable, triton: Callable, cases: list) -> dict:
         want, got = triton(*inputs), native(*inputs)
         for i, (a, b) in enumerate(zip(want, got)):
             if not same_bits(a, b):
-                bad = (a.float() != b.float()).sum().item() if a.shape == b.shape else None
-                mismatches.append({"case": label, "output": i, "elements_differing": bad})
+                same_shape = a.shape == b.shape
+                bad = (a.float() != b.float()).sum().item() if same_shape else None
+                worst = (a.float() - b.float()).abs().max().item() if same_shape and a.numel() else None
+                mismatches.append({"case": label, "output": i, "elements_differing": bad, "max_abs_diff": worst})
         if len(want) != len(got):
             mismatches.append({"case": label, "output": "count", "elements_differing": None})
     return {"op": op, "cases": len(cases), "mismatches": mismatches, "admitted": not mismatches}

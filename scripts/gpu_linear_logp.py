@@ -1,0 +1,88 @@
+"""linear_logp fwd+bwd on the GPU against eager torch and the cuBLAS GEMM bound, both saved-state modes,
+same run. The rows the linear_logp issue asks for: {shape, mode, rlk_ms, eager_ms, four_gemm_bound_ms,
+gemm_bound_ms, extra_gib, eager_extra_gib, bitwise_logp_vs_recompute}.
+
+    python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S]
+
+The bound is torch.matmul alone on the operator's shapes: the logits, their recompute (saved=
+"recompute" only), d hidden = dlogits @ W and d weight = dlogits^T @ hidden; no softmax work. The
+JSON is rewritten after every shape.
+"""
+import argparse
+import json
+import time
+from functools import partial
+
+import torch
+import triton
+
+from rlk_triton import bench
+from rlk_triton.bench.timing import peak_extra_mib
+from rlk_triton.logp import linear_logp
+
+graph_ms = partial(bench.graph_ms, reps=3)
+SHAPES = ((8192, 4096, 151936), (1024, 4096, 151936), (4096, 5120, 151936), (16384, 2048, 128256),
+          (8192, 8192, 128256))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--time-box", type=float, default=1e9)
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = []
+    report = {"what": "linear_logp fwd+bwd: saved='recompute' and saved='logits' against eager torch and the "
+                      "cuBLAS GEMM bound, same run", "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
+              "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    for N, H, V in SHAPES:
+        if time.time() - t0 > args.time_box:
+            break
+        h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
+        w = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(dt).requires_grad_()
+        t = torch.randint(0, V, (N,), device="cuda", generator=g)
+        up = torch.randn(N, device="cuda", generator=g)
+        dl = torch.randn(N, V, device="cuda", generator=g).to(dt)  # a dlogits stand-in for the bound
+
+        def fb(fn):
+            return lambda: torch.autograd.grad(fn(h, w, t), (h, w), up)
+
+        def eager(h, w, t):
+            return torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
+
+        def gemms(n):
+            out = [h @ w.T for _ in range(n - 2)]
+            return out + [dl @ w, dl.T @ h]
+
+        eager_ms = graph_ms(fb(eager))
+        eager_gib = peak_extra_mib(fb(eager), "cuda") / 1024
+        bound = {"recompute": graph_ms(partial(gemms, 4)), "logits": graph_ms(partial(gemms, 3))}
+        ref = None
+        for saved in ("recompute", "logits"):
+            fn = partial(linear_logp, validate=False, saved=saved)
+            logp = fn(h, w, t)
+            grads = fb(fn)()
+            ms = graph_ms(fb(fn))
+            gib = peak_extra_mib(fb(fn), "cuda") / 1024
+            if ref is None:
+                ref = (logp, grads)
+            rows.append({"shape": f"{N} x {H} x {V}", "mode": saved, "rlk_ms": ms, "eager_ms": eager_ms,
+                         "vs_eager": eager_ms / ms, "gemm_bound_ms": bound[saved],
+                         "four_gemm_bound_ms": bound["recompute"], "of_bound": bound[saved] / ms,
+                         "extra_gib": gib, "eager_extra_gib": eager_gib,
+                         "logits_buffer_gib": N * V * 2 / 2**30 if saved == "logits" else 0.0,
+                         "bitwise_logp_vs_recompute": torch.equal(logp, ref[0]),
+                         "max_abs_dhidden_vs_recompute": (grads[0].float() - ref[1][0].float()).abs().max().item()})
+            print(rows[-1], flush=True)
+        del h, w, t, up, dl, ref, logp, grads
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call for the open GPU items of issues 18-20: tests of the new paths on cuda, the native
+# gate and latency (gpu_native.py), host overhead (gpu_host_overhead.py), linear_logp's modes against
+# eager and the GEMM bound (gpu_linear_logp.py), the attention backward split thresholds and SDPA rows
+# (gpu_attention_split.py). Each step has its own time box; everything lands under $OUT.
+#   RLK_COMMIT=<sha> [STEPS="tests native host ll split"] bash scripts/gpu_session.sh
+set -u
+source "$(dirname "$0")/device_setup.sh"
+export RLK_NATIVE_CACHE=$OUT/native
+T0=$(date +%s)
+C=${RLK_COMMIT:-unknown}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for step in ${STEPS:-tests native host ll split}; do
+  case $step in
+    tests) timeout ${TESTS_S:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider --durations=8 ${TESTS:-tests/test_native.py \
+             tests/test_cuda_graphs.py tests/test_linear_logp_saved.py tests/test_dispatch.py \
+             tests/test_attention.py::test_backward_whole_block_loops_give_the_masked_bits} > $OUT/tests.log 2>&1
+           echo "tests: exit $? $(grep -E ' passed| failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -20 ;;
+    native) timeout ${NATIVE_S:-120} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C > $OUT/native.log 2>&1
+            echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
+    host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
+          echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
+    ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) > $OUT/ll.log 2>&1
+        echo "ll: exit $?"; tail -c 2500 $OUT/ll.log ;;
+    split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) > $OUT/split.log 2>&1
+           echo "split: exit $?"; tail -c 3000 $OUT/split.log ;;
+  esac
+  echo "$step done at $(( $(date +%s) - T0 )) s"
+done
