@@ -57,8 +57,9 @@ class MatmulConfig:
     page_ahead: bool = False
     # attention backward: sequences at least this long fold the blocks that every row / key of a tile
     # sees whole in a loop without the mask, before (dq) or after (dk / dv) the masked ones, in the
-    # same ascending order; 0 = off (every block masked). Off in the table until an H200 gate shows
-    # the two loops give the masked loop's bits there (the interpreter does: tests/test_attention.py).
+    # same ascending order; 0 = off (every block masked). Same bits as the masked loop (tests/
+    # test_attention.py, on the interpreter and the H200; on the H200 also every shape of
+    # docs/reports/h200-attention-split-thresholds-2026-12-04.json), so a speed choice.
     split_min_len: int = 0
 
 
@@ -267,8 +268,12 @@ def _matmul_rows():
                 t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
                 for pairs in PAIR_BUCKET_NAMES:
                     t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
-                t[("attention_bwd_dkdv", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
-                t[("attention_bwd_dq", arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3])
+                # split_min_len 2048 on the H200 (bf16 / fp16): backward 1.10x at 4 x 8192, 1.13x at D=64,
+                # 1.05x at D=256, 1.02x on a 64..4096 mix, 1.01x at 16 x 2048; at 1024 it costs 10% at
+                # 64 x 1024 (h200-attention-split-thresholds-2026-12-04.json)
+                split = 2048 if arch == "sm90" and dt != "float32" else 0
+                for kernel in ("attention_bwd_dkdv", "attention_bwd_dq"):
+                    t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split)
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
         for kernel in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"):
             for bucket in ("d<=128", "d256"):

@@ -64,7 +64,7 @@ def main():
         ref = None
         for saved in ("recompute", "logits"):
             fn = partial(linear_logp, validate=False, saved=saved)
-            logp = fn(h, w, t)
+            logp = fn(h, w, t).detach()  # no autograd graph kept alive into the capture
             grads = fb(fn)()
             ms = graph_ms(fb(fn))
             gib = peak_extra_mib(fb(fn), "cuda") / 1024
