@@ -2,7 +2,7 @@
 # One device call for the open GPU items of issues 18-20: tests of the new paths on cuda, the native
 # gate and latency (gpu_native.py), host overhead (gpu_host_overhead.py), linear_logp's modes against
 # eager and the GEMM bound (gpu_linear_logp.py), the attention backward split thresholds and SDPA rows
-# (gpu_attention_split.py). Each step has its own time box; everything lands under $OUT.
+# (gpu_attention_split.py), a host-time profile (gpu_host_profile.py). Each step has its own time box; everything lands under $OUT.
 #   RLK_COMMIT=<sha> [STEPS="tests native host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -22,7 +22,9 @@ for step in ${STEPS:-tests native host ll split}; do
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
     ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) > $OUT/ll.log 2>&1
         echo "ll: exit $?"; tail -c 2500 $OUT/ll.log ;;
-    split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) > $OUT/split.log 2>&1
+    profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json > $OUT/profile.log 2>&1
+             echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;
+    split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) ${SPLIT_ARGS:-} > $OUT/split.log 2>&1
            echo "split: exit $?"; tail -c 3000 $OUT/split.log ;;
   esac
   echo "$step done at $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,96 @@
+"""Where an eager call's host time goes, on the GPU machine: floors (an empty Triton kernel, a torch op,
+a trivial autograd.grad on CUDA and on CPU tensors) beside the library's calls, and a cProfile of each
+library call (the functions with the most own time).
+
+    python scripts/gpu_host_profile.py --json profile.json
+
+Wall times are per call: n calls from the host, one sync at the end (rlk_triton.bench.wall_ms).
+"""
+import argparse
+import cProfile
+import io
+import json
+import pstats
+
+import torch
+import triton
+import triton.language as tl
+
+from rlk_triton import bench
+from rlk_triton.logp import selected_logp
+from rlk_triton.ops.rmsnorm import rms_norm
+from rlk_triton.bench import cases
+
+
+@triton.jit
+def _empty(x_ptr, n, B: tl.constexpr):
+    pass
+
+
+def _profile(fn, n=300):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
+    return s.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    x = torch.randn(4096, 4096, device="cuda", generator=g).to(bf)
+    w = torch.ones(4096, device="cuda", dtype=bf)
+    xs = x[:1].clone()
+    logits = torch.randn(1, 151936, device="cuda", generator=g).to(bf)
+    tgt = torch.zeros(1, dtype=torch.long, device="cuda")
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    up = torch.randn_like(x)
+    t1 = torch.randn(16, device="cuda", requires_grad=True)
+    c1 = torch.randn(16, requires_grad=True)
+    ppo = cases._policy_loss(256, 4096, torch.float32, "cuda", True).rlk  # the issue's PPO case
+
+    def torch_rms(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    calls = {
+        "empty triton kernel launch": lambda: _empty[(1,)](x, 1, B=16),
+        "torch add (1 op)": lambda: x.add(1),
+        "autograd.grad of t * 2 (cuda, 16 elements)": lambda: torch.autograd.grad(t1 * 2, t1, torch.ones_like(t1)),
+        "autograd.grad of t * 2 (cpu, 16 elements)": lambda: torch.autograd.grad(c1 * 2, c1, torch.ones_like(c1)),
+        "selected_logp fwd 1 x 151936": lambda: selected_logp(logits, tgt, validate=False),
+        "rms_norm fwd 1 x 4096": lambda: rms_norm(xs, w),
+        "rms_norm fwd 4096 x 4096": lambda: rms_norm(x, w),
+        "rms_norm fwd+bwd 4096 x 4096": lambda: torch.autograd.grad(rms_norm(xg, wg), (xg, wg), up),
+        "torch eager rmsnorm fwd+bwd 4096 x 4096": lambda: torch.autograd.grad(torch_rms(xg, wg), (xg, wg), up),
+        "policy_loss fwd+bwd 256 x 4096 (PPO dual clip, k3 KL, TIS)": ppo,
+    }
+    rows = []
+    for name, fn in calls.items():
+        try:
+            row = {"call": name, "wall_ms": bench.wall_ms(fn), "device_ms": bench.graph_ms(fn) if "cpu" not in name else None}
+            if not name.startswith(("empty", "torch add", "autograd")):
+                row["profile"] = _profile(fn)
+        except Exception as ex:  # noqa: BLE001 - reported
+            row = {"call": name, "error": repr(ex)[:400]}
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "profile"}, flush=True)
+        if "profile" in row:
+            print(row["profile"], flush=True)
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
