@@ -89,8 +89,8 @@ def test_arguments_must_all_be_given():
 
 
 def test_the_public_functions_go_through_the_eager_path(device, monkeypatch):
-    """rms_norm and policy_loss reach their kernels without a forward custom op in eager (the backward
-    custom ops run with autograd off, where their dispatch is cheap)."""
+    """rms_norm and policy_loss reach their kernels, forward and backward, without a custom op in eager
+    (the backward functions call the backward ops through dispatch.direct)."""
     from torch._library.custom_ops import CustomOpDef
     called, original = [], CustomOpDef.__call__
 
@@ -111,8 +111,43 @@ def test_the_public_functions_go_through_the_eager_path(device, monkeypatch):
     loss, _, _ = losses.policy_loss(logp, old, adv, mask=mask, ref_logp=ref, kl_coef=0.1)
     loss.backward()
     assert x.grad is not None and logp.grad is not None
-    assert not [n for n in called if n.endswith("_fwd")], called
-    assert "rms_norm_bwd" in called and "rl_policy_loss_bwd" in called  # the spy sees custom op calls
+    assert called == [], called
+    rmsnorm.rms_norm_fwd(x.detach(), w.detach(), None, 1e-6, 0.0)
+    assert called == ["rms_norm_fwd"]  # the spy does see custom op calls
+
+
+BACKWARD_OPS = {
+    "attention": attention.call_attention_bwd, "embedding": embedding.call_embedding_bwd,
+    "gspo_loss": gspo.call_gspo_loss_bwd, "linear_logp": linear_logp.call_linear_logp_bwd,
+    "matmul": matmul._matmul_direct, "ratio_kl": rl_losses.call_ratio_kl_bwd,
+    "policy_loss": rl_losses.call_policy_loss_bwd, "rms_norm": rmsnorm.call_rms_norm_bwd,
+    "rope": rope.call_rope_bwd, "selected_logp": selected_logp.call_selected_logp_bwd,
+    "swiglu": swiglu.call_swiglu_bwd,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_OPS))
+def test_every_backward_has_the_direct_path(name):
+    assert hasattr(BACKWARD_OPS[name], "op"), f"{name}: the backward runs through the dispatcher on this torch"
+
+
+def test_eager_backward_gives_the_custom_ops_bits(device):
+    h = torch.randn(6, 64, generator=torch.Generator().manual_seed(8)).to(device, torch.bfloat16)
+    w = torch.randn(64, generator=torch.Generator().manual_seed(9)).to(device, torch.bfloat16)
+    _, _, rstd = rmsnorm.rms_norm_fwd(h, w, None, 1e-6, 0.0)
+    gy = torch.randn_like(h)
+    args = (gy, None, h, w, rstd, 0.0, True, False)
+    for a, b in zip(rmsnorm.call_rms_norm_bwd(*args), rmsnorm.rms_norm_bwd(*args)):
+        assert torch.equal(a, b)
+
+
+def test_double_backward_still_refuses(device):
+    """With create_graph the backward op goes through the custom op, which has no autograd formula:
+    a clear error, never second-order gradients that silently ignore the first-order graph."""
+    x, w, _, _, _ = _rms_inputs(device)
+    g, = torch.autograd.grad(rmsnorm.rms_norm(x, w).float().pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        g.float().sum().backward()
 
 
 def test_traced_detects_subclasses_and_compiling():

@@ -44,7 +44,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -660,8 +660,9 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
-    dq, dk, dv = attention_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.causal)
+    dq, dk, dv = call_attention_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.causal)
     return dq, dk, dv, None, None, None, None
 
 
 call_attention_fwd = autograd_op(attention_fwd, _backward, _setup_context)
+call_attention_bwd = direct(attention_bwd)

@@ -8,7 +8,9 @@ costs about as much host time as everything else in a forward + backward (measur
 launches stubbed: 234 against 117 us per rms_norm forward + backward on a 2-core CI-class CPU). The
 eager path runs the same implementation, setup_context and backward in a plain autograd.Function:
 the same kernels with the same arguments, so the same bits, without that round trip. Backward
-functions keep calling the backward custom ops: there autograd is off and their dispatch is cheap.
+functions call the backward custom ops through `direct`: the implementation in eager, the op when
+traced (AOTAutograd traces backward with fake tensors). On the H200's host the custom op's dispatch
+from the autograd thread cost more than the kernels it launched (scripts/gpu_host_profile.py).
 """
 from __future__ import annotations
 
@@ -65,4 +67,24 @@ def autograd_op(op, backward: Callable, setup_context: Callable) -> Callable:
     call.op, call.eager = op, Eager
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"rlk_triton::{name}: the custom op under tracing, its implementation in eager (ops.dispatch)."
+    return call
+
+
+def direct(op) -> Callable:
+    """The callable a backward function uses for the backward custom op `op`: `op` itself under
+    tracing or when a graph would be recorded through it (create_graph: the op then raises for lack
+    of an autograd formula instead of returning gradients that silently do not depend on the inputs),
+    else the op's own implementation, the same kernels and arguments without the dispatcher."""
+    impl = getattr(op, "_init_fn", None)
+    if impl is None:
+        return op
+
+    def call(*args):
+        if _traced(args) or _wants_grad(args):
+            return op(*args)
+        return impl(*args)
+
+    call.op = op
+    call.__name__ = call.__qualname__ = getattr(op, "_name", "op")
+    call.__doc__ = f"rlk_triton::{call.__name__}: the custom op under tracing, its implementation in eager (ops.dispatch)."
     return call

@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -160,11 +160,12 @@ def _backward(ctx, grad_out):
     (token_ids,) = ctx.saved_tensors
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dw = embedding_bwd(grad_out, token_ids, ctx.num_embeddings, ctx.padding_idx, ctx.weight_dtype)
+    dw = call_embedding_bwd(grad_out, token_ids, ctx.num_embeddings, ctx.padding_idx, ctx.weight_dtype)
     return None, dw, None
 
 
 call_embedding_fwd = autograd_op(embedding_fwd, _backward, _setup_context)
+call_embedding_bwd = direct(embedding_bwd)
 
 
 # ---- the public op ----

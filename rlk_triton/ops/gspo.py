@@ -33,7 +33,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .rl_losses import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, TIS_SCOPES, _kl_and_grad
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")  # policy_loss's, in its order
 N_ROWS = 7  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum, log-ratio sum
@@ -310,7 +310,7 @@ def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
     g_loss = torch.zeros((), device=mask.device) if g_loss is None else g_loss.contiguous()
     g_rows = torch.zeros(mask.shape[0], device=mask.device) if g_rows is None else g_rows.contiguous()
     with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
-    grad, grad_ent = gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, n, logp, old_logp, mask, ref_logp,
+    grad, grad_ent = call_gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, n, logp, old_logp, mask, ref_logp,
                                    entropy, rollout_logp, p["kl_coef"], p["kl_estimator"], p["entropy_coef"],
                                    p["tis_mode"], p["tis_cap"], with_entropy_grad, p["tis_scope"])
     grads = [None] * (7 + len(_PARAMS))
@@ -321,3 +321,4 @@ def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
 
 
 call_gspo_loss_fwd = autograd_op(gspo_loss_fwd, _backward, _setup)
+call_gspo_loss_bwd = direct(gspo_loss_bwd)

@@ -33,7 +33,7 @@ from .._runtime import arch_of
 from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
@@ -511,13 +511,14 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum, _grad_saved
     g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
     ge = grad_entropy.contiguous() if grad_entropy is not None and grad_entropy.numel() else None
     keep = ctx.save_logits
-    dh, dw, db = linear_logp_bwd(g, ge, hidden, weight, bias, target, row_max, row_logsum, entropy,
+    dh, dw, db = call_linear_logp_bwd(g, ge, hidden, weight, bias, target, row_max, row_logsum, entropy,
                                  ctx.temperature, ctx.ignore_index, saved if keep else None,
                                  tile_max if keep else None)
     return dh, dw, (db if bias is not None else None), None, None, None, None, None
 
 
 call_linear_logp_fwd = autograd_op(linear_logp_fwd, _backward, _setup_context)
+call_linear_logp_bwd = direct(linear_logp_bwd)
 
 
 # ---- vocab-parallel shards (tensor parallelism) ----

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of, interpreter_active
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -320,17 +320,18 @@ def _matmul_backward(ctx, grad):
     a, b = ctx.saved_tensors
     grad = grad.contiguous()
     # d a = grad @ b^T: row i reads grad row i only (the same kernel: rows batch-invariant).
-    da = _matmul_op(grad, b.t(), None) if ctx.needs_input_grad[0] else None
+    da = _matmul_direct(grad, b.t(), None) if ctx.needs_input_grad[0] else None
     # d b = a^T @ grad and d bias = 1^T @ grad: sums over the rows of the batch in ascending
     # block_k steps: deterministic, not batch-invariant.
-    db = _matmul_op(a.t(), grad, None) if ctx.needs_input_grad[1] else None
+    db = _matmul_direct(a.t(), grad, None) if ctx.needs_input_grad[1] else None
     dbias = None
     if ctx.has_bias and ctx.needs_input_grad[2]:
-        dbias = _matmul_op(grad.new_ones((1, grad.shape[0])), grad, None).reshape(-1)
+        dbias = _matmul_direct(grad.new_ones((1, grad.shape[0])), grad, None).reshape(-1)
     return da, db, dbias
 
 
 call_matmul = autograd_op(_matmul_op, _matmul_backward, _matmul_setup)
+_matmul_direct = direct(_matmul_op)  # the backward's products (differentiable with create_graph)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

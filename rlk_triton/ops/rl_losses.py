@@ -32,7 +32,7 @@ import triton.language as tl
 from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 # low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
 # slime's "low_var_kl"), no gradient beyond either clamp.
@@ -662,7 +662,7 @@ def _ratio_kl_backward(ctx, g_lr, g_ratio, g_kl):
     logp, old_logp, ref_logp, mask = ctx.saved_tensors
     zeros = lambda g: torch.zeros_like(logp) if g is None else g.contiguous()  # noqa: E731
     g_kl = None if ref_logp is None else zeros(g_kl)
-    grad = ratio_kl_bwd(zeros(g_lr), zeros(g_ratio), g_kl, logp, old_logp, ref_logp, mask,
+    grad = call_ratio_kl_bwd(zeros(g_lr), zeros(g_ratio), g_kl, logp, old_logp, ref_logp, mask,
                         ctx.kl_estimator, ctx.log_ratio_clamp)
     return grad, None, None, None, None, None
 
@@ -730,7 +730,7 @@ def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weigh
     if grad_loss is None:
         grad_loss = torch.zeros((), dtype=torch.float32, device=logp.device)
     with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
-    grad_logp, grad_ent = policy_loss_bwd(
+    grad_logp, grad_ent = call_policy_loss_bwd(
         grad_loss.contiguous(), None if grad_per_token is None else grad_per_token.contiguous(), row_weight,
         logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, p["loss_type"], p["clip_low"],
         p["clip_high"], p["dual_clip_c"], p["kl_coef"], p["kl_estimator"], p["entropy_coef"], p["tis_mode"],
@@ -745,3 +745,5 @@ def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weigh
 
 
 call_policy_loss_fwd = autograd_op(policy_loss_fwd, _policy_backward, _policy_setup_context)
+call_ratio_kl_bwd = direct(ratio_kl_bwd)
+call_policy_loss_bwd = direct(policy_loss_bwd)

@@ -35,7 +35,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = interpreter_active()
@@ -356,7 +356,7 @@ def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
         grad_res_out = None
     need_x, with_dw, need_res = (bool(n) for n in ctx.needs_input_grad[:3])
     with_dres = need_x and need_res
-    dx, dw, dres = rms_norm_bwd(grad_y.contiguous(),
+    dx, dw, dres = call_rms_norm_bwd(grad_y.contiguous(),
                                 None if grad_res_out is None else grad_res_out.contiguous(),
                                 h, weight, rstd, ctx.weight_offset, with_dw, with_dres)
     # x and residual enter as x + residual: both receive d h (the downcast is straight-through)
@@ -365,6 +365,7 @@ def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
 
 
 call_rms_norm_fwd = autograd_op(rms_norm_fwd, _backward, _setup_context)
+call_rms_norm_bwd = direct(rms_norm_bwd)
 
 
 # ---- the public function ----

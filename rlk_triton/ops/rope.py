@@ -31,7 +31,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, as_device, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -187,11 +187,12 @@ def _backward(ctx, grad_q_out, grad_k_out):
     if has_k:
         gk = grad_k_out if grad_k_out is not None else gq.new_zeros(ctx.k_shape)
         gk = _last_dim_contiguous(gk)
-    dq, dk = rope_bwd(_last_dim_contiguous(gq), gk, cos, sin, position_ids, ctx.interleaved)
+    dq, dk = call_rope_bwd(_last_dim_contiguous(gq), gk, cos, sin, position_ids, ctx.interleaved)
     return dq, (dk if has_k else None), None, None, None, None
 
 
 call_rope_fwd = autograd_op(rope_fwd, _backward, _setup_context)
+call_rope_bwd = direct(rope_bwd)
 
 
 # ---- tables ----

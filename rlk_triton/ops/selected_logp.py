@@ -28,7 +28,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 
 @triton.jit
@@ -379,7 +379,7 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
         grad_logp = torch.zeros_like(row_max)
     if grad_entropy is not None and grad_entropy.numel() == 0:
         grad_entropy = None
-    grad = selected_logp_bwd(
+    grad = call_selected_logp_bwd(
         grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
         logits, target_ids, row_index, ctx.temperature, temperature_rows, ctx.ignore_index,
         row_max, row_logsum, entropy,
@@ -388,3 +388,4 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
 
 
 call_selected_logp_fwd = autograd_op(selected_logp_fwd, _backward, _setup_context)
+call_selected_logp_bwd = direct(selected_logp_bwd)

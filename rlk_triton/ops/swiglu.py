@@ -23,7 +23,7 @@ from .. import configs
 from .._runtime import arch_of
 from ..errors import DeviceError, DTypeError, LayoutError, ShapeError
 from .rmsnorm import SUPPORTED_DTYPES, check_device
-from .dispatch import autograd_op
+from .dispatch import autograd_op, direct
 
 __all__ = ["swiglu"]
 
@@ -121,11 +121,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y):
     gate, up = ctx.saved_tensors
-    dgate, dup = swiglu_bwd(grad_y.contiguous(), gate, up)
+    dgate, dup = call_swiglu_bwd(grad_y.contiguous(), gate, up)
     return dgate, dup
 
 
 call_swiglu_fwd = autograd_op(swiglu_fwd, _backward, _setup_context)
+call_swiglu_bwd = direct(swiglu_bwd)
 
 
 # ---- the public function ----
