@@ -143,3 +143,24 @@ def test_under_torch_compile(device):
     leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
     torch.compile(f, backend=backend, fullgraph=True)(*leaves, targets).backward()
     assert all(torch.equal(a, x.grad) for a, x in zip(eager, leaves))
+
+
+@pytest.mark.gpu
+def test_backward_memory_is_the_buffer_and_the_gradients():
+    """Peak extra memory of a saved="logits" forward + backward: the [N, V] buffer, one d-logits chunk,
+    the gradients, d hidden's fp32 accumulator and the tile statistics. Not a second [N, V]: autograd
+    must not materialize a zero gradient for the buffer output (it did, 2.3 GiB at 8192 x 151936)."""
+    from rlk_triton.bench.timing import peak_extra_mib
+
+    N, H, V = 2048, 512, 32768
+    hidden, weight, _, targets = build_linear_case(LinearCase(N, H, V, torch.bfloat16, seed=9), "cuda")
+    h, w = hidden.requires_grad_(), weight.requires_grad_()
+    up = torch.randn(N, device="cuda")
+    fwd, dl = op.tile_config("linear_logp_fwd", h), op.tile_config("linear_logp_dlogits", h)
+    tiles = -(-V // fwd.block_n)
+    expect = (N * V * 2 + N * min(dl.chunk_v, V) * 2 + V * H * 2 + N * H * (2 + 4)
+              + (op.N_STATS + 1) * tiles * N * 4 + 8 * N * 4)
+    step = lambda: torch.autograd.grad(linear_logp(h, w, targets, saved="logits"), (h, w), up)  # noqa: E731
+    step()
+    peak = peak_extra_mib(step, "cuda") * 2**20
+    assert peak <= expect + 4 * 2**20, (peak / 2**20, expect / 2**20)

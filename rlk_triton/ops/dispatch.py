@@ -86,5 +86,5 @@ def direct(op) -> Callable:
 
     call.op = op
     call.__name__ = call.__qualname__ = getattr(op, "_name", "op")
-    call.__doc__ = f"rlk_triton::{call.__name__}: the custom op under tracing, its implementation in eager (ops.dispatch)."
+    call.__doc__ = f"rlk_triton::{call.__name__}: the custom op under tracing, else its implementation (ops.dispatch)."
     return call

@@ -311,8 +311,8 @@ def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
     g_rows = torch.zeros(mask.shape[0], device=mask.device) if g_rows is None else g_rows.contiguous()
     with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
     grad, grad_ent = call_gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, n, logp, old_logp, mask, ref_logp,
-                                   entropy, rollout_logp, p["kl_coef"], p["kl_estimator"], p["entropy_coef"],
-                                   p["tis_mode"], p["tis_cap"], with_entropy_grad, p["tis_scope"])
+                                        entropy, rollout_logp, p["kl_coef"], p["kl_estimator"], p["entropy_coef"],
+                                        p["tis_mode"], p["tis_cap"], with_entropy_grad, p["tis_scope"])
     grads = [None] * (7 + len(_PARAMS))
     grads[0] = grad
     if with_entropy_grad:

@@ -663,7 +663,7 @@ def _ratio_kl_backward(ctx, g_lr, g_ratio, g_kl):
     zeros = lambda g: torch.zeros_like(logp) if g is None else g.contiguous()  # noqa: E731
     g_kl = None if ref_logp is None else zeros(g_kl)
     grad = call_ratio_kl_bwd(zeros(g_lr), zeros(g_ratio), g_kl, logp, old_logp, ref_logp, mask,
-                        ctx.kl_estimator, ctx.log_ratio_clamp)
+                             ctx.kl_estimator, ctx.log_ratio_clamp)
     return grad, None, None, None, None, None
 
 

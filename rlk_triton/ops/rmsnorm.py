@@ -346,6 +346,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(h, weight, rstd)
     ctx.has_residual = residual is not None
     ctx.weight_offset = weight_offset
+    ctx.set_materialize_grads(False)  # an unused h output arrives as None, not as an [N, H] of zeros
 
 
 def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
@@ -357,8 +358,8 @@ def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
     need_x, with_dw, need_res = (bool(n) for n in ctx.needs_input_grad[:3])
     with_dres = need_x and need_res
     dx, dw, dres = call_rms_norm_bwd(grad_y.contiguous(),
-                                None if grad_res_out is None else grad_res_out.contiguous(),
-                                h, weight, rstd, ctx.weight_offset, with_dw, with_dres)
+                                     None if grad_res_out is None else grad_res_out.contiguous(),
+                                     h, weight, rstd, ctx.weight_offset, with_dw, with_dres)
     # x and residual enter as x + residual: both receive d h (the downcast is straight-through)
     return (dx if need_x else None, dw if with_dw else None,
             (dres if with_dres else dx) if need_res else None, None, None)
