@@ -75,6 +75,9 @@ def main():
         "torch eager rmsnorm fwd+bwd 4096 x 4096": lambda: torch.autograd.grad(torch_rms(xg, wg), (xg, wg), up),
         "policy_loss fwd+bwd 256 x 4096 (PPO dual clip, k3 KL, TIS)": ppo,
     }
+    for c in cases.select(["matmul", "rope", "swiglu"], "quick"):  # the suite's quick cases of these families
+        if c.case == "fwd":
+            calls[f"{c.op} {c.case} {c.shape}"] = c.build("cuda", True).rlk
     rows = []
     for name, fn in calls.items():
         try:

@@ -9,6 +9,7 @@ The bound is torch.matmul alone on the operator's shapes: the logits, their reco
 JSON is rewritten after every shape.
 """
 import argparse
+import dataclasses
 import json
 import time
 from functools import partial
@@ -16,7 +17,8 @@ from functools import partial
 import torch
 import triton
 
-from rlk_triton import bench
+from rlk_triton import bench, configs
+from rlk_triton._runtime import default_arch
 from rlk_triton.bench.timing import peak_extra_mib
 from rlk_triton.logp import linear_logp
 
@@ -30,13 +32,16 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--time-box", type=float, default=1e9)
+    ap.add_argument("--chunks", type=int, nargs="*", default=[],
+                    help="first shape only: saved='logits' with these chunk_v (d hidden's vocab chunk) too")
+    ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
     report = {"what": "linear_logp fwd+bwd: saved='recompute' and saved='logits' against eager torch and the "
                       "cuBLAS GEMM bound, same run", "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
-              "date": time.strftime("%Y-%m-%d"), "rows": rows}
+              "date": time.strftime("%Y-%m-%d"), "rows": rows, "chunk_sweep": [], "kernels": {}}
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     for N, H, V in SHAPES:
@@ -78,6 +83,34 @@ def main():
                          "bitwise_logp_vs_recompute": torch.equal(logp, ref[0]),
                          "max_abs_dhidden_vs_recompute": (grads[0].float() - ref[1][0].float()).abs().max().item()})
             print(rows[-1], flush=True)
+        if (N, H, V) == SHAPES[0]:
+            key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
+            locked = configs.LOCKED_CONFIGS[key]
+            for c in args.chunks:
+                configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c)
+                fn = partial(linear_logp, validate=False, saved="logits")
+                ms = graph_ms(fb(fn))
+                report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": "logits", "chunk_v": c,
+                                              "rlk_ms": ms, "vs_eager": eager_ms / ms,
+                                              "extra_gib": peak_extra_mib(fb(fn), "cuda") / 1024})
+                print(report["chunk_sweep"][-1], flush=True)
+            configs.LOCKED_CONFIGS[key] = locked
+            for saved in ("recompute", "logits") if args.profile else ():
+                step = fb(partial(linear_logp, validate=False, saved=saved))
+                step()
+                torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    step()
+                    torch.cuda.synchronize()
+                per = {}
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA:
+                        k = e.name[:80]
+                        n, us = per.get(k, (0, 0.0))
+                        per[k] = (n + 1, us + e.device_time_total)
+                report["kernels"][saved] = sorted(({"kernel": k, "calls": n, "ms": us / 1e3} for k, (n, us) in per.items()),
+                                                  key=lambda r: -r["ms"])
+                print(saved, report["kernels"][saved][:12], flush=True)
         del h, w, t, up, dl, ref, logp, grads
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
