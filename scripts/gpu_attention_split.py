@@ -53,6 +53,9 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--min-lens", type=int, nargs="+", default=[0, 1024, 2048, 4096])
     ap.add_argument("--time-box", type=float, default=1e9)
+    ap.add_argument("--fwd-sweep", action="store_true",
+                    help="also time the forward at other (block_m, block_n, warps, stages): another block_n is "
+                         "another reduction order (decode would follow), so these rows are speed only")
     args = ap.parse_args()
     t0 = time.time()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -66,7 +69,8 @@ def main():
     saved = dict(configs.LOCKED_CONFIGS)
     report = {"what": "attention backward: split_min_len thresholds, and fwd / fwd+bwd against SDPA, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows, "sdpa": compare}
+              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows, "sdpa": compare,
+              "fwd_sweep": []}
     for label, lens, hq, hkv, d in shapes:
         if time.time() - t0 > args.time_box:
             break
@@ -77,6 +81,20 @@ def main():
         shape = f"{label}, {hq}/{hkv} heads, D={d}, causal, bf16"
         out, lse = ops.launch_forward(q, k, v, cu, L, sc, True)
         do = torch.randn_like(out)
+        if args.fwd_sweep and d == 128 and label in ("4 x 8192", "16 x 2048", "64 x 1024"):
+            locked_ms = graph_ms(lambda: ops.launch_forward(q, k, v, cu, L, sc, True))
+            for bm, bn, w, st in ((128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 16, 2),
+                                  (64, 128, 4, 3), (128, 32, 8, 4), (64, 64, 4, 4)):
+                c = configs.MatmulConfig(bm, bn, 0, 1, w, st)
+                try:
+                    ms = graph_ms(lambda: ops.launch_forward(q, k, v, cu, L, sc, True, cfg=c))
+                    r = {"shape": shape, "block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st,
+                         "ms": ms, "locked_ms": locked_ms, "vs_locked": locked_ms / ms}
+                except Exception as ex:  # noqa: BLE001 - reported
+                    r = {"shape": shape, "block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st,
+                         "error": repr(ex)[:200]}
+                report["fwd_sweep"].append(r)
+                print(r, flush=True)
         base, base_ms = None, None
         for m in args.min_lens:
             set_split(m, dt, d)
