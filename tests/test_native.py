@@ -96,7 +96,10 @@ def test_the_gate_refuses_one_differing_bit():
     assert native.gate("toy", triton, triton, cases)["admitted"]
     report = native.gate("toy", one_bit_off, triton, cases)
     assert not report["admitted"] and len(report["mismatches"]) == 3
-    assert report["mismatches"][0] == {"case": "case 0", "output": 0, "elements_differing": 1}
+    first = report["mismatches"][0]
+    x = cases[0][1][0]
+    one_ulp = abs((x[3] * 2).view(torch.int32).bitwise_xor(1).view(torch.float32) - x[3] * 2).item()
+    assert first == {"case": "case 0", "output": 0, "elements_differing": 1, "max_abs_diff": one_ulp}
 
 
 def test_nothing_runs_without_a_cuda_torch(cache, capsys):
