@@ -44,6 +44,10 @@ class MatmulConfig:
     num_warps: int
     num_stages: int
     chunk_v: int = 0  # linear_logp backward: the vocab chunk of d hidden's accumulation; 0 = unused
+    # linear_logp backward: vocab chunks per pass. The d logits of that many chunks are written at
+    # once and d hidden folds them in one launch (matmul FOLD_K): the bits of one pass per chunk,
+    # without the fp32 d hidden round trip between chunks; costs N x chunk_v x passes x 2 bytes.
+    chunks_per_pass: int = 1
     # linear_logp's fused kernels: persistent programs (one per SM, tiles in grid order) reading the
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.

@@ -48,7 +48,7 @@ def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
     sig, consts = {}, {}
     for p in fn.params:
-        v = args[p.name]
+        v = args[p.name] if p.name in args or not p.has_default else p.default
         if p.is_constexpr:
             sig[p.name] = "constexpr"
             consts[p.name] = v
@@ -134,10 +134,12 @@ def cases():
                      stride_pb=0, N=256, c0=0, chunk_width=1024, inv_t=1.0, HAS_BIAS=False, WITH_ENTROPY_GRAD=True,
                      BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, PIECES=8), dl.num_warps, 1))
     # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
-    for label, kernel_key, b_t, out_dtype, acc in (("d hidden tiles, fp32 accumulator", "linear_logp_dhidden",
-                                                    False, f32, True),
-                                                   ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul",
-                                                    True, bf, False)):
+    fold = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf).chunk_v
+    for label, kernel_key, b_t, out_dtype, acc, fold_k in (
+            ("d hidden tiles, fp32 accumulator", "linear_logp_dhidden", False, f32, True, 0),
+            ("d hidden tiles, vocab chunks folded (FOLD_K), fp32 accumulator", "linear_logp_dhidden", False, f32,
+             True, fold),
+            ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul", True, bf, False, 0)):
         cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
         a_op, b_op = _t(256, 4096), _t(4096, 4096)
         b_block = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
@@ -148,7 +150,8 @@ def cases():
                          out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
                          bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
                          ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t,
-                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m),
+                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                         FOLD_K=fold_k),
                     cfg.num_warps, cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),

@@ -32,8 +32,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--time-box", type=float, default=1e9)
-    ap.add_argument("--chunks", type=int, nargs="*", default=[],
-                    help="first shape only: saved='logits' with these chunk_v (d hidden's vocab chunk) too")
+    ap.add_argument("--sweep", nargs="*", default=[], metavar="CHUNK_V:PER_PASS[:BN:BK:STAGES]",
+                    help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
+                         "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
+                         "with d hidden's tiles (block_n, block_k, stages)")
     ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes")
     args = ap.parse_args()
     t0 = time.time()
@@ -66,13 +68,14 @@ def main():
         eager_ms = graph_ms(fb(eager))
         eager_gib = peak_extra_mib(fb(eager), "cuda") / 1024
         bound = {"recompute": graph_ms(partial(gemms, 4)), "logits": graph_ms(partial(gemms, 3))}
-        ref = None
+        ref, base_grads = None, {}
         for saved in ("recompute", "logits"):
             fn = partial(linear_logp, validate=False, saved=saved)
             logp = fn(h, w, t).detach()  # no autograd graph kept alive into the capture
             grads = fb(fn)()
             ms = graph_ms(fb(fn))
             gib = peak_extra_mib(fb(fn), "cuda") / 1024
+            base_grads[saved] = grads
             if ref is None:
                 ref = (logp, grads)
             rows.append({"shape": f"{N} x {H} x {V}", "mode": saved, "rlk_ms": ms, "eager_ms": eager_ms,
@@ -86,15 +89,25 @@ def main():
         if (N, H, V) == SHAPES[0]:
             key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
             locked = configs.LOCKED_CONFIGS[key]
-            for c in args.chunks:
-                configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c)
-                fn = partial(linear_logp, validate=False, saved="logits")
-                ms = graph_ms(fb(fn))
-                report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": "logits", "chunk_v": c,
-                                              "rlk_ms": ms, "vs_eager": eager_ms / ms,
-                                              "extra_gib": peak_extra_mib(fb(fn), "cuda") / 1024})
-                print(report["chunk_sweep"][-1], flush=True)
+            dh_key = ("linear_logp_dhidden",) + key[1:]
+            dh_locked = configs.LOCKED_CONFIGS[dh_key]
+            for spec in args.sweep:
+                c, per, *dh = (int(x) for x in spec.split(":"))
+                configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per)
+                configs.LOCKED_CONFIGS[dh_key] = (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1],
+                                                                      num_stages=dh[2]) if dh else dh_locked)
+                for saved in ("recompute", "logits"):
+                    fn = partial(linear_logp, validate=False, saved=saved)
+                    grads = fb(fn)()
+                    ms = graph_ms(fb(fn))
+                    same = (c == locked.chunk_v and all(torch.equal(x, y) for x, y in zip(grads, base_grads[saved])))
+                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": saved, "chunk_v": c,
+                                                  "chunks_per_pass": per, "dhidden_tiles": str(configs.LOCKED_CONFIGS[dh_key]), "rlk_ms": ms, "vs_eager": eager_ms / ms,
+                                                  "of_bound": bound[saved] / ms, "bitwise_vs_locked": same,
+                                                  "extra_gib": peak_extra_mib(fb(fn), "cuda") / 1024})
+                    print(report["chunk_sweep"][-1], flush=True)
             configs.LOCKED_CONFIGS[key] = locked
+            configs.LOCKED_CONFIGS[dh_key] = dh_locked
             for saved in ("recompute", "logits") if args.profile else ():
                 step = fb(partial(linear_logp, validate=False, saved=saved))
                 step()
@@ -111,7 +124,7 @@ def main():
                 report["kernels"][saved] = sorted(({"kernel": k, "calls": n, "ms": us / 1e3} for k, (n, us) in per.items()),
                                                   key=lambda r: -r["ms"])
                 print(saved, report["kernels"][saved][:12], flush=True)
-        del h, w, t, up, dl, ref, logp, grads
+        del h, w, t, up, dl, ref, logp, grads, base_grads
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

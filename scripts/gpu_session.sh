@@ -20,7 +20,7 @@ for step in ${STEPS:-tests native host ll split}; do
             echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
-    ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) > $OUT/ll.log 2>&1
+    ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) ${LL_ARGS:-} > $OUT/ll.log 2>&1
         echo "ll: exit $?"; tail -c 2500 $OUT/ll.log ;;
     profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json > $OUT/profile.log 2>&1
              echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;

@@ -108,6 +108,35 @@ def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch)
         assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("saved", ("recompute", "logits"))
+def test_chunks_per_pass_gives_the_chunk_by_chunk_bits(device, saved, monkeypatch):
+    """configs chunks_per_pass: d logits of several vocab chunks per pass and d hidden folding them in
+    one launch (matmul FOLD_K) give every gradient the bits of one pass per chunk (bias, a vocab tail,
+    a last pass of fewer chunks, both saved-state policies). bf16 runs the same launchers (and the
+    matmul test checks the fold for 2-byte operands through descriptors)."""
+    import dataclasses
+
+    dtype = torch.float32  # fp32 gradients: no final rounding to hide another summation order
+    arch = arch_of(torch.device(device))
+    key = ("linear_logp_dlogits", configs.table_arch(arch, "linear_logp_dlogits"), "float32", "any")
+    C = configs.LOCKED_CONFIGS[key].chunk_v
+    n, h, v = (29, 48, 5 * C + 44) if device == "cpu" else (300, 520, 5 * C + 300)
+    hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=12), device)
+    g, ge = torch.randn(n, device=device), torch.randn(n, device=device)
+    runs = []
+    for per_pass in (1, 2, 4):
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
+                            dataclasses.replace(configs.LOCKED_CONFIGS[key], chunks_per_pass=per_pass))
+        leaves = [x.detach().clone().requires_grad_() for x in (hidden, weight, bias)]
+        logp, ent = linear_logp(*leaves[:2], targets, bias=leaves[2], temperature=0.9, return_entropy=True,
+                                saved=saved)
+        ((logp * g).sum() + (ent * ge).sum()).backward()
+        runs.append([x.grad for x in leaves])
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            assert torch.equal(x, y)
+
+
 def test_logp_does_not_depend_on_asking_for_entropy(device):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True), device)
     lp = linear_logp(hidden, weight, targets, bias=bias, temperature=0.8)

@@ -94,3 +94,43 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
                      matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=dtype), cfg=cfg, bias=bias)))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("tma", (False, True))
+def test_folded_k_ranges_give_the_chained_calls_bits(device, dtype, tma):
+    """fold_k: one launch summing K in ranges of fold_k, chained in fp32, gives the bits of one call per
+    range with c_in = the previous call's fp32 out (linear_logp's d hidden over vocab chunks): with and
+    without a first c_in, a K tail inside the last range, an fp32 or a low-precision final output,
+    the pointer and the descriptor kernel."""
+    import dataclasses
+
+    from rlk_triton import configs
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.ops.matmul import matmul_into, tma_ready
+
+    gen = torch.Generator().manual_seed(11)
+    base = configs.lookup_matmul("linear_logp_dhidden", arch_of(torch.device(device)), dtype)
+    if tma and not (dtype != torch.float32):
+        pytest.skip("descriptors take 2-byte operands")
+    cfg = dataclasses.replace(base, persistent_tma=tma)
+    fold = 2 * cfg.block_k
+    M, N = (37, 40) if device == "cpu" else (1000, 4160)
+    K = 3 * fold + (cfg.block_k // 2 if dtype == torch.float32 else 8)  # a tail inside the last range
+    a = torch.randn(M, K, generator=gen).to(device, dtype)
+    b = torch.randn(K, N, generator=gen).to(device, dtype)
+    c0 = torch.randn(M, N, generator=gen).to(device)
+    if tma:
+        assert tma_ready(a, b[:fold])
+    for c_in in (None, c0):
+        for out_dtype in (torch.float32, dtype):
+            acc = c_in
+            for k0 in range(0, K, fold):  # one call per range, chained through an fp32 total
+                last = k0 + fold >= K
+                out = torch.empty(M, N, device=device, dtype=out_dtype if last else torch.float32)
+                acc = matmul_into(a[:, k0:k0 + fold], b[k0:k0 + fold], out, c_in=acc, cfg=cfg)
+            folded = matmul_into(a, b, torch.empty(M, N, device=device, dtype=out_dtype), c_in=c_in, cfg=cfg,
+                                 fold_k=fold)
+            assert torch.equal(folded, acc), (c_in is None, out_dtype)
+            whole = matmul_into(a, b, torch.empty(M, N, device=device, dtype=torch.float32), c_in=c_in, cfg=cfg)
+            assert not torch.equal(whole, folded.float()) or out_dtype != torch.float32  # the fold is another order

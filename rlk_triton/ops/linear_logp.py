@@ -381,7 +381,8 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
                 grad_bias.zero_()
         acc = acc_in if acc_in is not None else torch.zeros((N, H), dtype=torch.float32, device=dev)
         return (acc.to(dt) if final else acc), grad_weight, grad_bias
-    d_logits = torch.empty((N, min(C, V_local)), dtype=dt, device=dev)
+    P = C * max(1, cfg.chunks_per_pass)  # vocab columns per pass (whole chunks)
+    d_logits = torch.empty((N, min(P, V_local)), dtype=dt, device=dev)
     n_row_blocks = triton.cdiv(N, cfg.block_m)
     dbias_part = (torch.empty((n_row_blocks, d_logits.shape[1]), dtype=torch.float32, device=dev)
                   if bias is not None else row_max)
@@ -396,9 +397,10 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             raise RuntimeError("configs: saved logits need linear_logp_dlogits' tiles equal to the forward's "
                                f"and chunk_v a multiple of block_n (fwd {fwd}, dlogits {cfg})")
     acc = acc_in
-    for c in range(n_chunks):  # increasing vocab order: the d hidden accumulation order
-        c0 = c * C
-        width = min(C, V_local - c0)
+    n_passes = triton.cdiv(V_local, P)
+    for c in range(n_passes):  # increasing vocab order: chunks, and passes of whole chunks
+        c0 = c * P
+        width = min(P, V_local - c0)
         if saved is not None:
             _dlogits_saved_kernel[(n_row_blocks, triton.cdiv(width, cfg.block_n))](
                 saved, saved.stride(0), tile_max, target_local, row_max, row_logsum, entropy if with_h else row_max,
@@ -422,14 +424,14 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             )
         d = d_logits[:, :width]
         matmul_into(d.t(), hidden, grad_weight[c0:c0 + width], cfg=mm_cfg)
-        last = c == n_chunks - 1
+        last = c == n_passes - 1
         if last and final:
             out = torch.empty((N, H), dtype=dt, device=dev)
         elif acc is None:
             out = torch.empty((N, H), dtype=torch.float32, device=dev)
         else:
             out = acc  # in place: each tile is read and written by one program
-        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg)
+        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg, fold_k=C)  # chunk by chunk
         acc = out
         if bias is not None:
             _dbias_kernel[(triton.cdiv(width, 1024),)](

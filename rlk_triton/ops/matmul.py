@@ -5,7 +5,11 @@ The reduction order of every tl.dot kernel in rlk_triton (this one and linear_lo
 tl.dot(A[:, k:k+BLOCK_K], B[k:k+BLOCK_K, :]) for k = 0, BLOCK_K, 2 BLOCK_K, ... in ascending order;
 the order inside one tl.dot is the tensor-core instruction's, fixed for a (dtype, tiles, arch).
 With ACCUMULATE, C_in is added once, after the K loop: out = C_in + dot, which lets a caller chain
-K ranges (linear_logp's vocab chunks) in a fixed order.
+K ranges (linear_logp's vocab chunks) in a fixed order. FOLD_K does that chain inside one launch:
+the K ranges [0, FOLD_K), [FOLD_K, 2 FOLD_K), ... each take dot_tile's order from zero and are added
+to the running fp32 total in increasing order, (((C_in + dot_0) + dot_1) + ...), the bits of one
+launch per range with C_in = the previous launch's fp32 output, without writing and reading that
+total between ranges.
 
 Tiles come from configs.lookup_matmul (kernel, arch, dtype, bucket of M). The buckets of one
 (arch, dtype) form a bit class (configs.BIT_CLASSES): every member keeps the reduction order above
@@ -109,19 +113,20 @@ def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K
 
 @triton.jit
 def dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  B_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                  B_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, k_lo=0):
     """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]); b_desc over
     B [K, N] (blocks [BLOCK_K, BLOCK_N]) or, with B_T, over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]).
     The same ascending K steps and tl.dot as dot_tile, so the same bits on every in-range element.
     Out-of-range rows, columns and the K tail load as zeros (dot_tile wraps rows / columns instead:
-    those outputs are masked by every caller; a zero K tail is what dot_tile's mask loads too)."""
+    those outputs are masked by every caller; a zero K tail is what dot_tile's mask loads too).
+    k_lo: sum over k in [k_lo, K) only (a multiple of BLOCK_K; FOLD_K's ranges)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([m0, k * BLOCK_K])
+    for k in range(0, tl.cdiv(K - k_lo, BLOCK_K)):
+        a = a_desc.load([m0, k_lo + k * BLOCK_K])
         if B_T:
-            b = b_desc.load([n0, k * BLOCK_K]).T
+            b = b_desc.load([n0, k_lo + k * BLOCK_K]).T
         else:
-            b = b_desc.load([k * BLOCK_K, n0])
+            b = b_desc.load([k_lo + k * BLOCK_K, n0])
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -149,18 +154,27 @@ def _matmul_kernel(
     M, N, K,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, FOLD_K: tl.constexpr = 0,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     om = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     on = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N, K,
-                   BLOCK_K, EVEN_K, UPCAST, IEEE)
     mask = (om < M)[:, None] & (on < N)[None, :]
     om64 = om.to(tl.int64)[:, None]
     on64 = on.to(tl.int64)[None, :]
-    if ACCUMULATE:
-        acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
+    if FOLD_K:  # the chain of K ranges (module doc): C_in first, then each range's dot in order
+        acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N,
+                       tl.minimum(K, FOLD_K), BLOCK_K, EVEN_K, UPCAST, IEEE)
+        if ACCUMULATE:
+            acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
+        for k0 in range(FOLD_K, K, FOLD_K):
+            acc = acc + dot_tile(a_ptr + k0 * stride_ak, stride_am, stride_ak, b_ptr + k0 * stride_bk, stride_bk,
+                                 stride_bn, om % M, on % N, tl.minimum(K - k0, FOLD_K), BLOCK_K, EVEN_K, UPCAST, IEEE)
+    else:
+        acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N, K,
+                       BLOCK_K, EVEN_K, UPCAST, IEEE)
+        if ACCUMULATE:
+            acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
     if HAS_BIAS:  # added in fp32 before the one rounding to the output dtype
         acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
     tl.store(out_ptr + om64 * stride_om + on64 * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -200,6 +214,7 @@ def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FOLD_K: tl.constexpr = 0,
 ):
     # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
@@ -210,17 +225,30 @@ def _matmul_desc_kernel(
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
+        if FOLD_K:  # the chain of K ranges (module doc); C_in then enters first, not in the epilogue
+            acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
+                                UPCAST, IEEE)
+            if ACCUMULATE:
+                om = m0 + tl.arange(0, BLOCK_M)
+                on = n0 + tl.arange(0, BLOCK_N)
+                acc = tl.load(c_in_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :],
+                              mask=(om < M)[:, None] & (on < N)[None, :], other=0.0) + acc
+            for k0 in range(FOLD_K, K, FOLD_K):
+                acc = acc + dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, k0 + FOLD_K), BLOCK_M, BLOCK_N,
+                                          BLOCK_K, B_T, UPCAST, IEEE, k0)
+        else:
+            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
+        ADD_C_IN: tl.constexpr = ACCUMULATE and not FOLD_K
         Q: tl.constexpr = BLOCK_N // 4
         q0, q1, q2, q3 = column_quarters(acc, BLOCK_M, BLOCK_N)
         _store_tile(q0, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N,
-                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+                    ADD_C_IN, HAS_BIAS, BLOCK_M, Q)
         _store_tile(q1, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + Q, M, N,
-                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+                    ADD_C_IN, HAS_BIAS, BLOCK_M, Q)
         _store_tile(q2, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 2 * Q, M, N,
-                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+                    ADD_C_IN, HAS_BIAS, BLOCK_M, Q)
         _store_tile(q3, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0 + 3 * Q, M, N,
-                    ACCUMULATE, HAS_BIAS, BLOCK_M, Q)
+                    ADD_C_IN, HAS_BIAS, BLOCK_M, Q)
 
 
 _SM_COUNT: dict = {}
@@ -249,8 +277,13 @@ def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
 
 
 def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optional[torch.Tensor] = None,
-                cfg: Optional[configs.MatmulConfig] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cfg: Optional[configs.MatmulConfig] = None, bias: Optional[torch.Tensor] = None,
+                fold_k: int = 0) -> torch.Tensor:
     """out = a @ b (+ c_in) (+ bias), written into `out` (any strides; may be c_in itself).
+
+    fold_k (a multiple of the config's block_k; 0 = off): the K ranges of fold_k columns are summed
+    as separate products chained in fp32 (module doc): the bits of one call per range, each with
+    c_in = the previous call's fp32 out (bias is not supported then).
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
@@ -267,6 +300,9 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
         out.copy_(base + bias.float() if bias is not None else base)
         return out
     cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
+    if fold_k and (fold_k % cfg.block_k or bias is not None):
+        raise ValueError(f"fold_k {fold_k} needs a multiple of block_k {cfg.block_k} and no bias")
+    fold_k = fold_k if fold_k < K else 0  # one range: the plain kernel
     upcast, ieee = operand_flags(a.dtype)
     c = c_in if c_in is not None else out
     b_t = b.stride(0) == 1 and b.stride(1) != 1
@@ -281,7 +317,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
@@ -291,7 +327,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
         c, c.stride(0), c.stride(1), out, out.stride(0), out.stride(1), bias if bias is not None else out,
         M, N, K,
         ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
