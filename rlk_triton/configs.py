@@ -47,6 +47,8 @@ class MatmulConfig:
     # linear_logp backward: vocab chunks per pass. The d logits of that many chunks are written at
     # once and d hidden folds them in one launch (matmul FOLD_K): the bits of one pass per chunk,
     # without the fp32 d hidden round trip between chunks; costs N x chunk_v x passes x 2 bytes.
+    # 1 in the table: 4 and 8 (with 128 x 128 d hidden tiles, which fit two fp32 tiles per thread)
+    # were within 1-2% on the H200 (docs/reports/h200-linear-logp-2026-12-04.json).
     chunks_per_pass: int = 1
     # linear_logp's fused kernels: persistent programs (one per SM, tiles in grid order) reading the
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
