@@ -6,8 +6,8 @@
 #include <torch/extension.h>
 
 extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, const void* w, void* y,
-                                float* rstd, int64_t N, int H, int block_h, int num_warps, float eps,
-                                float weight_offset, void* stream);
+                                float* rstd, int64_t N, int H, int block_h, int num_warps, int vec, int rows,
+                                float eps, float weight_offset, void* stream);
 
 static int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -20,7 +20,7 @@ static int dtype_code(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> rms_norm_fwd(const at::Tensor& x, const at::Tensor& weight, double eps, double weight_offset,
-                                     int64_t block_h, int64_t num_warps, int64_t stream) {
+                                     int64_t block_h, int64_t num_warps, int64_t vec, int64_t rows, int64_t stream) {
   TORCH_CHECK(x.is_cuda() && weight.is_cuda(), "rlk native rms_norm: CUDA tensors only");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rlk native rms_norm: x must be [N, H] with unit stride along H");
   TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == x.size(1) &&
@@ -29,9 +29,10 @@ std::vector<at::Tensor> rms_norm_fwd(const at::Tensor& x, const at::Tensor& weig
   auto y = at::empty({N, H}, x.options());
   auto rstd = at::empty({N}, x.options().dtype(at::kFloat));
   const int rc = rlk_rms_norm_fwd(dtype_code(x), x.data_ptr(), x.stride(0), weight.data_ptr(), y.data_ptr(),
-                                  rstd.data_ptr<float>(), N, (int)H, (int)block_h, (int)num_warps, (float)eps,
-                                  (float)weight_offset, reinterpret_cast<void*>(stream));
-  TORCH_CHECK(rc != 1, "rlk native rms_norm: no kernel for block_h ", block_h, " with ", num_warps, " warps");
+                                  rstd.data_ptr<float>(), N, (int)H, (int)block_h, (int)num_warps, (int)vec, (int)rows,
+                                  (float)eps, (float)weight_offset, reinterpret_cast<void*>(stream));
+  TORCH_CHECK(rc != 1, "rlk native rms_norm: no kernel for block_h ", block_h, " with ", num_warps, " warps, vec ", vec,
+              ", ", rows, " rows per block, or x / weight not 16-byte aligned");
   TORCH_CHECK(rc == 0, "rlk native rms_norm: CUDA launch failed");
   return {y, rstd};
 }

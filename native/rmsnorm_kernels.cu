@@ -1,12 +1,19 @@
 // rms_norm forward (no residual), written to give the Triton kernel's bits: rlk_triton/ops/rmsnorm.py
-// _fwd_kernel's one-tile path (and _fwd_rows_kernel, whose rows use the same per-row layout), with
-// the locked config's BLOCK_H lanes and num_warps (rlk_triton/configs.py "rmsnorm_fwd").
+// _fwd_kernel's one-tile path and _fwd_rows_kernel, with the locked config's BLOCK_H lanes and
+// num_warps (rlk_triton/configs.py "rmsnorm_fwd"). The caller passes the layout's vector width VEC
+// (rlk_triton/native.py _rmsnorm_config): the order depends on it. ROWS rows per block (the rows
+// kernel's count) is speed only: rows are independent.
 //
-// The order is Triton 3.6's (the GPU machine's), read from the kernel's sm90 PTX compiled with the 3.6
-// wheel (blocked layout: sizePerThread 1, 32 threads per warp, num_warps warps, so thread t holds
-// lanes t + k * threads, k = 0 .. E - 1):
-//   1. per thread, a chain in k order with each product contracted into the add:
-//        acc = fma(h0, h0, h1 * h1), then acc = fma(hk, hk, acc) for k = 2 .. E - 1;
+// The order is Triton 3.6's (the GPU machine's), read from the kernels' sm90 PTX compiled with the 3.6
+// wheel under the JIT's specialization (16-byte aligned pointers, ints divisible by 16 marked: without
+// it every layout has VEC 1, which is what the first version of this file followed), and checked by
+// running that PTX and this file's PTX in an emulator on the gate's cases:
+//   0. blocked layout: sizePerThread VEC, 32 threads per warp, num_warps warps, so thread t holds
+//      register r = 0 .. E - 1 at lane (r / VEC) * VEC * threads + t * VEC + r % VEC (VEC
+//      consecutive lanes, then the next VEC * threads lanes further on). VEC is 16 bytes' worth, at
+//      most E; 1 in the rows kernel when neither H nor the row stride is a multiple of 16;
+//   1. per thread, a chain in register order with each product contracted into the add:
+//        acc = fma(h0, h0, h1 * h1), then acc = fma(hr, hr, acc) for r = 2 .. E - 1;
 //      with E = 1 the product is contracted into the first shuffle's add instead:
 //        s = fma(h0, h0, shfl_xor(h0 * h0, 16))   (lanes then hold different sums: lane 0's counts);
 //   2. per warp, butterfly adds with shuffle distances 16 (unless taken by 1.), 8, 4, 2, 1;
@@ -14,9 +21,12 @@
 //      with distances num_warps / 2 .. 1 (symmetric adds: every lane gets lane 0's result);
 //   4. rstd = 1 / sqrt_rn(sum / H + eps) with IEEE division and square root; y = (rstd * h) * (w +
 //      weight_offset), rounded once to the output dtype. Masked lanes hold 0 and add exact zeros.
+// ptxas contracts none of Triton's plain mul.f32 / add.f32 here (the same SASS with them made .rn).
 // Triton 3.9 reduces within a thread in a pairwise tree instead: these bits are 3.6's, and the
 // admission fingerprint carries the triton version. Every operation is an explicit _rn intrinsic
 // (also built with --fmad=false). `rlk-triton native admit` checks the bits on the GPU.
+// Speed, as Triton: VEC lanes per load / store (16-byte accesses on aligned rows), the rows kept as
+// packed 16-bit bits (converted again for y: exact), the weight read after the sums.
 // No torch headers: CI compiles this file for sm_90a with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,113 +35,242 @@
 
 namespace {
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Elements travel as raw bits, packed as in memory (a 16-bit element's low lane in the low half of a
+// 32-bit word): a row of bf16 / fp16 stays in half the registers, converted to fp32 where used (exact).
+template <typename T> struct Bits { using type = unsigned short; static constexpr int per_word = 2; };
+template <> struct Bits<float> { using type = unsigned; static constexpr int per_word = 1; };
 
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float to_f32(float, unsigned b) { return __uint_as_float(b); }
+__device__ __forceinline__ float to_f32(__half, unsigned b) { return __half2float(__ushort_as_half((unsigned short)b)); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16, unsigned b) {
+  return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
+}
 
-// Step 1 for E >= 2: the sum of squares of a thread's lanes, chained in lane order.
-template <int E>
-__device__ __forceinline__ float chain_squares(const float* h) {
-  float acc = __fmaf_rn(h[0], h[0], __fmul_rn(h[1], h[1]));
+__device__ __forceinline__ unsigned from_f32(float, float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned from_f32(__half, float v) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ unsigned from_f32(__nv_bfloat16, float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Element r of packed words, and setting it (the low half of a word first).
+template <typename T>
+__device__ __forceinline__ unsigned elem(const unsigned* raw, int r) {
+  if constexpr (Bits<T>::per_word == 1) return raw[r];
+  else return (raw[r / 2] >> (16 * (r % 2))) & 0xffffu;
+}
+template <typename T>
+__device__ __forceinline__ void set_elem(unsigned* raw, int r, unsigned b) {
+  if constexpr (Bits<T>::per_word == 1) raw[r] = b;
+  else if (r % 2 == 0) raw[r / 2] = b;
+  else raw[r / 2] |= b << 16;
+}
+template <typename T>
+__device__ __forceinline__ float elem_f32(const unsigned* raw, int r) { return to_f32(T(), elem<T>(raw, r)); }
+
+// One access of BYTES bytes (an aligned vector) as 32-bit words.
+template <int BYTES> struct Access;
+template <> struct Access<16> { using type = uint4; };
+template <> struct Access<8> { using type = uint2; };
+template <> struct Access<4> { using type = unsigned; };
+
+__device__ __forceinline__ void words(uint4 v, unsigned* w) { w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w; }
+__device__ __forceinline__ void words(uint2 v, unsigned* w) { w[0] = v.x; w[1] = v.y; }
+__device__ __forceinline__ void words(unsigned v, unsigned* w) { w[0] = v; }
+__device__ __forceinline__ void pack(uint4& v, const unsigned* w) { v = make_uint4(w[0], w[1], w[2], w[3]); }
+__device__ __forceinline__ void pack(uint2& v, const unsigned* w) { v = make_uint2(w[0], w[1]); }
+__device__ __forceinline__ void pack(unsigned& v, const unsigned* w) { v = w[0]; }
+
+// Lanes lane0 .. lane0 + V - 1 of a row into elements r0 .. r0 + V - 1 of raw (0 beyond H); one
+// vector access when all V are in the row and the row is aligned for it.
+template <typename T, int V>
+__device__ __forceinline__ void load_lanes(const T* row, int lane0, int H, bool aligned, unsigned* raw, int r0) {
+  using B = typename Bits<T>::type;
+  const B* p = reinterpret_cast<const B*>(row) + lane0;
+  constexpr int BYTES = V * (int)sizeof(B);
+  if constexpr (BYTES >= 4) {
+    if (aligned && lane0 + V <= H) {
+      words(*reinterpret_cast<const typename Access<BYTES>::type*>(p), raw + r0 / Bits<T>::per_word);
+      return;
+    }
+  }
 #pragma unroll
-  for (int k = 2; k < E; ++k) acc = __fmaf_rn(h[k], h[k], acc);
+  for (int j = 0; j < V; ++j) set_elem<T>(raw, r0 + j, lane0 + j < H ? (unsigned)p[j] : 0u);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_lanes(T* row, int lane0, int H, bool aligned, const unsigned* raw) {
+  using B = typename Bits<T>::type;
+  B* p = reinterpret_cast<B*>(row) + lane0;
+  constexpr int BYTES = V * (int)sizeof(B);
+  if constexpr (BYTES >= 4) {
+    if (aligned && lane0 + V <= H) {
+      typename Access<BYTES>::type v;
+      pack(v, raw);
+      *reinterpret_cast<typename Access<BYTES>::type*>(p) = v;
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    if (lane0 + j < H) p[j] = (B)elem<T>(raw, j);
+}
+
+template <typename T>
+__device__ __forceinline__ bool aligned_for(const T* p, int vec) {
+  return reinterpret_cast<uintptr_t>(p) % (vec * sizeof(T)) == 0;
+}
+
+// Step 1 for E >= 2: the sum of squares of a thread's registers, chained in register order.
+template <typename T, int E>
+__device__ __forceinline__ float chain_squares(const unsigned* raw) {
+  float acc = __fmaf_rn(elem_f32<T>(raw, 0), elem_f32<T>(raw, 0), __fmul_rn(elem_f32<T>(raw, 1), elem_f32<T>(raw, 1)));
+#pragma unroll
+  for (int k = 2; k < E; ++k) acc = __fmaf_rn(elem_f32<T>(raw, k), elem_f32<T>(raw, k), acc);
   return acc;
 }
 
-template <typename T, int E, int WARPS>
+template <typename T, int E, int VEC, int WARPS, int ROWS>
 __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
     const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ w, T* __restrict__ y,
-    float* __restrict__ rstd_out, int H, float h_count, float eps, float weight_offset) {
+    float* __restrict__ rstd_out, int64_t N, int H, float h_count, float eps, float weight_offset) {
   constexpr int THREADS = WARPS * 32;
-  const int64_t row = blockIdx.x;
+  constexpr int CHUNKS = E / VEC;  // register r = c * VEC + j holds lane c * VEC * THREADS + t * VEC + j
+  constexpr int WORDS = (E + Bits<T>::per_word - 1) / Bits<T>::per_word;
+  constexpr int VWORDS = (VEC + Bits<T>::per_word - 1) / Bits<T>::per_word;
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
   const int t = threadIdx.x;
-  const T* xr = x + row * x_row_stride;
-  float h[E];
+  const int64_t row0 = (int64_t)blockIdx.x * ROWS;
+  unsigned h[ROWS][WORDS];  // the rows' raw bits
 #pragma unroll
-  for (int k = 0; k < E; ++k) {
-    const int lane = t + k * THREADS;
-    h[k] = lane < H ? to_f32(xr[lane]) : 0.0f;
-  }
-  float s;
-  if constexpr (E == 1) {
-    s = __fmaf_rn(h[0], h[0], __shfl_xor_sync(0xffffffffu, __fmul_rn(h[0], h[0]), 16));
-  } else {
-    s = chain_squares<E>(h);
-    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
-  }
+  for (int i = 0; i < ROWS; ++i) {  // all rows' loads first: more bytes in flight
+    const int64_t row = row0 + i;
+    const T* xr = x + (row < N ? row : 0) * x_row_stride;
+    const bool ok = aligned_for(xr, VEC);
 #pragma unroll
-  for (int d = 8; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
-  __shared__ float warp_sums[WARPS];
-  if ((t & 31) == 0) warp_sums[t >> 5] = s;
-  __syncthreads();
-  s = warp_sums[(t & 31) % WARPS];
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (row < N) {
+        load_lanes<T, VEC>(xr, c * VEC * THREADS + t * VEC, H, ok, h[i], c * VEC);
+      } else {
 #pragma unroll
-  for (int d = WARPS / 2; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
-  const float rstd = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, h_count), eps)));
-  T* yr = y + row * (int64_t)H;
-#pragma unroll
-  for (int k = 0; k < E; ++k) {
-    const int lane = t + k * THREADS;
-    if (lane < H) {
-      const float wk = __fadd_rn(to_f32(w[lane]), weight_offset);
-      yr[lane] = from_f32<T>(__fmul_rn(__fmul_rn(rstd, h[k]), wk));
+        for (int j = 0; j < VEC; ++j) set_elem<T>(h[i], c * VEC + j, 0u);
+      }
     }
   }
-  if (t == 0) rstd_out[row] = rstd;
+  __shared__ float warp_sums[ROWS][WARPS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    float s;
+    if constexpr (E == 1) {
+      const float h0 = elem_f32<T>(h[i], 0);
+      s = __fmaf_rn(h0, h0, __shfl_xor_sync(0xffffffffu, __fmul_rn(h0, h0), 16));
+    } else {
+      s = chain_squares<T, E>(h[i]);
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
+    }
+#pragma unroll
+    for (int d = 8; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+    if ((t & 31) == 0) warp_sums[i][t >> 5] = s;
+  }
+  __syncthreads();
+  float rstd[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    float s = warp_sums[i][(t & 31) % WARPS];
+#pragma unroll
+    for (int d = WARPS / 2; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+    rstd[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, h_count), eps)));
+  }
+  // The weight after the sums, as Triton (fewer live registers), one vector at a time for all rows.
+  const bool w_ok = aligned_for(w, VEC);
+  bool y_ok[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) y_ok[i] = aligned_for(y + (row0 + i) * (int64_t)H, VEC);
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int lane0 = c * VEC * THREADS + t * VEC;
+    unsigned wb[VWORDS];
+    load_lanes<T, VEC>(w, lane0, H, w_ok, wb, 0);
+    float wk[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) wk[j] = __fadd_rn(elem_f32<T>(wb, j), weight_offset);
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      if (row0 + i >= N) continue;
+      unsigned b[VWORDS];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        set_elem<T>(b, j, from_f32(T(), __fmul_rn(__fmul_rn(rstd[i], elem_f32<T>(h[i], c * VEC + j)), wk[j])));
+      store_lanes<T, VEC>(y + (row0 + i) * (int64_t)H, lane0, H, y_ok[i], b);
+    }
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+      if (row0 + i < N) rstd_out[row0 + i] = rstd[i];
+  }
 }
 
-template <typename T, int WARPS>
-int launch_warps(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H,
-                 int block_h, float eps, float weight_offset, cudaStream_t stream) {
-  const int e = block_h / (WARPS * 32);
+template <typename T, int E, int VEC, int WARPS>
+int launch_rows(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int rows,
+                float eps, float weight_offset, cudaStream_t stream) {
   const float h_count = (float)H;
-  const T* xx = (const T*)x;
-  const T* ww = (const T*)w;
-  T* yy = (T*)y;
-#define RLK_E(E)                                                                                        \
-  case E:                                                                                               \
-    rms_norm_fwd_kernel<T, E, WARPS><<<(unsigned)N, WARPS * 32, 0, stream>>>(xx, stride, ww, yy, rstd, H, \
-                                                                            h_count, eps, weight_offset); \
+#define RLK_ROWS(R)                                                                                          \
+  case R:                                                                                                    \
+    rms_norm_fwd_kernel<T, E, VEC, WARPS, R><<<(unsigned)((N + R - 1) / R), WARPS * 32, 0, stream>>>(        \
+        (const T*)x, stride, (const T*)w, (T*)y, rstd, N, H, h_count, eps, weight_offset);                   \
     break;
-  switch (e) {
-    RLK_E(1) RLK_E(2) RLK_E(4) RLK_E(8) RLK_E(16) RLK_E(32) RLK_E(64)
+  switch (rows) {
+    RLK_ROWS(1) RLK_ROWS(2)
     default:
-      return 1;  // not a layout this kernel has
+      return 1;
   }
-#undef RLK_E
+#undef RLK_ROWS
   return cudaGetLastError() == cudaSuccess ? 0 : 2;
+}
+
+// vec: the full vector (16 bytes, at most E lanes) or 1 (the rows kernel when neither H nor the row
+// stride is a multiple of 16).
+template <typename T, int E, int WARPS>
+int launch_vec(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int vec,
+               int rows, float eps, float weight_offset, cudaStream_t stream) {
+  constexpr int FULL = 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E;
+  if (vec == FULL) return launch_rows<T, E, FULL, WARPS>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+  if constexpr (FULL != 1) {
+    if (vec == 1) return launch_rows<T, E, 1, WARPS>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+  }
+  return 1;
 }
 
 template <typename T>
 int launch_dtype(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H,
-                 int block_h, int num_warps, float eps, float weight_offset, cudaStream_t stream) {
-  switch (num_warps) {
-    case 4: return launch_warps<T, 4>(x, stride, w, y, rstd, N, H, block_h, eps, weight_offset, stream);
-    case 8: return launch_warps<T, 8>(x, stride, w, y, rstd, N, H, block_h, eps, weight_offset, stream);
-    case 16: return launch_warps<T, 16>(x, stride, w, y, rstd, N, H, block_h, eps, weight_offset, stream);
-    default: return 1;
-  }
+                 int block_h, int num_warps, int vec, int rows, float eps, float weight_offset, cudaStream_t stream) {
+  const int e = block_h / (num_warps * 32);
+  // the (num_warps, E) pairs of the locked table: tiles 128 .. 1024 on 4 warps, 2048 .. 8192 on 8, 16384 on 16
+#define RLK_CFG(W, E)                                                                                            \
+  if (num_warps == W && e == E)                                                                                 \
+    return launch_vec<T, E, W>(x, stride, w, y, rstd, N, H, vec, rows, eps, weight_offset, stream);
+  RLK_CFG(4, 1) RLK_CFG(4, 2) RLK_CFG(4, 4) RLK_CFG(4, 8)
+  RLK_CFG(8, 8) RLK_CFG(8, 16) RLK_CFG(8, 32)
+  RLK_CFG(16, 32)
+#undef RLK_CFG
+  return 1;  // not a layout this kernel has
 }
 
 }  // namespace
 
-// dtype: 0 float32, 1 float16, 2 bfloat16. Returns 0 on success, 1 for a (block_h, num_warps) this
-// kernel does not implement (the caller refuses the call), 2 for a CUDA launch error.
+// dtype: 0 float32, 1 float16, 2 bfloat16. vec: the Triton layout's lanes per vector; rows: rows per
+// block (1 or 2). Returns 0 on success, 1 for a (block_h, num_warps, vec, rows) this kernel does not
+// implement or x / w not 16-byte aligned (the layout rule is only known for aligned rows; the caller
+// refuses the call), 2 for a CUDA launch error.
 extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, const void* w, void* y,
-                                float* rstd, int64_t N, int H, int block_h, int num_warps, float eps,
-                                float weight_offset, void* stream_ptr) {
+                                float* rstd, int64_t N, int H, int block_h, int num_warps, int vec, int rows,
+                                float eps, float weight_offset, void* stream_ptr) {
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_ptr);
   if (N == 0) return 0;
   if (block_h < H || block_h % (num_warps * 32) != 0) return 1;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return 1;
   switch (dtype) {
-    case 0: return launch_dtype<float>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, eps, weight_offset, stream);
-    case 1: return launch_dtype<__half>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, eps, weight_offset, stream);
-    case 2: return launch_dtype<__nv_bfloat16>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, eps, weight_offset, stream);
+    case 0: return launch_dtype<float>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
+    case 1: return launch_dtype<__half>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
+    case 2: return launch_dtype<__nv_bfloat16>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
     default: return 1;
   }
 }

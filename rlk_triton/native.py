@@ -50,11 +50,23 @@ class NativeOp:
 # ---- rms_norm forward (no residual) ----
 
 def _rmsnorm_config(x):
-    """(BLOCK_H, num_warps) of the locked Triton config the launcher uses for x: the native layout."""
+    """(BLOCK_H, num_warps, vec, rows) of the Triton launch for x: the native layout. vec is the lanes
+    per thread per vector of the layout Triton 3.6 reduces in (16 bytes, at most BLOCK_H / threads;
+    1 in the rows kernel when neither H nor x's row stride is a multiple of 16: the JIT's
+    divisibility specialization). Found by compiling the kernels for sm90 with the JIT's
+    specialization, for 16-byte aligned x and weight only: the native kernel refuses other pointers.
+    rows: the rows kernel's rows per program (the native kernel's rows per block, speed only)."""
     from .ops import rmsnorm
 
-    cfg = rmsnorm._cfg("rmsnorm_fwd", x, x.shape[1])
-    return rmsnorm.hidden_tile(cfg, x.shape[1]), cfg.num_warps
+    H = x.shape[1]
+    cfg = rmsnorm._cfg("rmsnorm_fwd", x, H)
+    block = rmsnorm.hidden_tile(cfg, H)
+    rows = rmsnorm._cfg("rmsnorm_fwd_rows", x, H).block_v
+    rows = rows if rows > 1 and block >= H else 1
+    vec = min(16 // x.element_size(), max(block // (32 * cfg.num_warps), 1))
+    if rows > 1 and H % 16 and x.stride(0) % 16:
+        vec = 1
+    return block, cfg.num_warps, vec, rows
 
 
 def _rmsnorm_triton(x, w, eps, offset):
@@ -65,8 +77,9 @@ def _rmsnorm_triton(x, w, eps, offset):
 
 
 def _rmsnorm_native(ext, x, w, eps, offset):
-    block, warps = _rmsnorm_config(x)
-    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, torch.cuda.current_stream(x.device).cuda_stream))
+    block, warps, vec, rows = _rmsnorm_config(x)
+    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows,
+                                  torch.cuda.current_stream(x.device).cuda_stream))
 
 
 def _rmsnorm_cases(device) -> list:

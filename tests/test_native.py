@@ -187,3 +187,20 @@ def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkey
         outs.append((y.detach(), xl.grad, wl.grad))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeypatch):
+    """The native layout is the Triton kernel's for 16-byte aligned x and weight only: anything else
+    is a BackendError naming the backend, never a launch with another order."""
+    from rlk_triton.errors import BackendError
+    from rlk_triton.ops import rmsnorm
+
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
+    buf = torch.randn(3 * 96 + 1, device=device).to(torch.bfloat16)
+    x = buf[1:].view(3, 96)  # 2 bytes off a 16-byte boundary
+    w = torch.ones(96, device=device, dtype=torch.bfloat16)
+    with pytest.raises(BackendError, match="16-byte aligned"):
+        rmsnorm.rms_norm(x, w, backend="cuda_native")
+    with pytest.raises(BackendError, match="16-byte aligned"):
+        rmsnorm.rms_norm(buf[:288].view(3, 96), torch.ones(97, device=device, dtype=torch.bfloat16)[1:],
+                         backend="cuda_native")

@@ -440,7 +440,11 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     ok, why = native.usable("rmsnorm", str(x.device))
     if not ok:
         raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
-    y, _, _ = _NativeForward.apply(x.reshape(-1, H), weight, None, eps, weight_offset)
+    rows = x.reshape(-1, H)
+    if rows.data_ptr() % 16 or weight.data_ptr() % 16:
+        # the native layout is the Triton kernel's for 16-byte aligned x and weight only (docs/native.md)
+        raise BackendError("backend", "cuda_native needs x and the weight 16-byte aligned: use backend='triton'")
+    y, _, _ = _NativeForward.apply(rows, weight, None, eps, weight_offset)
     return y.view(x.shape)
 
 
