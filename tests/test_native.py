@@ -155,9 +155,11 @@ def test_the_policy_never_picks_an_unadmitted_native_backend(device):
     assert not cand["taken"] and cand["class"] == "native"
 
 
-def test_cuda_native_without_an_admission_is_a_typed_error(device):
+def test_cuda_native_without_an_admission_is_a_typed_error(device, cache):
     from rlk_triton.errors import BackendError
     from rlk_triton.ops.rmsnorm import rms_norm
+
+    native.usable.cache_clear()  # an empty record cache: nothing is admitted, whatever ran before
 
     x = torch.randn(3, 128, device=device)
     w = torch.ones(128, device=device)
@@ -187,6 +189,8 @@ def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkey
         outs.append((y.detach(), xl.grad, wl.grad))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+    with torch.no_grad():  # no graph: the native forward alone, same values
+        assert torch.equal(rmsnorm.rms_norm(x, w, eps=1e-5, weight_offset=0.5, backend="cuda_native"), outs[0][0])
 
 
 def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeypatch):

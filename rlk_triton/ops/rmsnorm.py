@@ -444,7 +444,10 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     if rows.data_ptr() % 16 or weight.data_ptr() % 16:
         # the native layout is the Triton kernel's for 16-byte aligned x and weight only (docs/native.md)
         raise BackendError("backend", "cuda_native needs x and the weight 16-byte aligned: use backend='triton'")
-    y, _, _ = _NativeForward.apply(rows, weight, None, eps, weight_offset)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        y, _, _ = _NativeForward.apply(rows, weight, None, eps, weight_offset)
+    else:  # a rollout: no graph to record, so not the autograd.Function's host time either
+        y, _ = native.rms_norm_fwd(rows, weight, eps, weight_offset)
     return y.view(x.shape)
 
 
