@@ -186,7 +186,8 @@ def linear_logp(
             the logits (one more GEMM). "logits": the forward also writes z minus its tile's row max
             into an operator-owned [N, V] buffer (float16 for 16-bit inputs, float32 for float32) that
             the backward reads instead; logp and entropy are the same bits either way, the gradients
-            are within their own contract (docs/linear_logp.md). Only without tp_group.
+            are within their own contract (docs/linear_logp.md). With tp_group each rank keeps its
+            shard's [N, V_local]; aligned shards give one shard's bits, as for "recompute".
 
     Returns:
         logp float32 with target_ids' shape, or (logp, entropy). Differentiable w.r.t. hidden, weight
@@ -212,24 +213,21 @@ def linear_logp(
     ignore_index = _check_ignore_index(ignore_index)
     if saved not in _linear_op.SAVED:
         raise InputError("saved", f"must be one of {_linear_op.SAVED}, got {saved!r}")
-    if saved == "logits" and tp_group is not None:
-        raise InputError("saved", "'logits' is not supported with tp_group (vocab-parallel shards keep no "
-                         "saved logits): use saved='recompute'")
     flat_targets = target_ids.reshape(-1).contiguous()
     if validate:
         _check_targets(flat_targets, global_V, ignore_index)
         if tp_group is not None:
             _check_shards(tp_group, vocab_start_index, V_local, global_V, hidden2d, flat_targets)
+    # the logits are kept only for a backward that will read them
+    keep = saved == "logits" and torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (hidden2d, weight, bias))
     if tp_group is None:
-        # the logits are kept only for a backward that will read them
-        keep = saved == "logits" and torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (hidden2d, weight, bias))
         logp, entropy, *_ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy), keep)
     else:
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy),
-                                                            tp_group, int(vocab_start_index))
+                                                            tp_group, int(vocab_start_index), keep)
     logp = logp.view(lead)
     return (logp, entropy.view(lead)) if return_entropy else logp
 

@@ -77,7 +77,7 @@ def _linear_logp() -> Operator:
         "linear_logp", "kernels, rlk_triton/ops/linear_logp.py",
         "cuda (tuned for sm90); cpu only under the Triton interpreter", parallel_modes=("data", "tensor_vocab"),
         shape_ranges={"H": "any", "V_local": "any >= 1", "tokens": "any"},
-        saved_state=(("recompute", ("data", "tensor_vocab")), ("logits", ("data",))),
+        saved_state=(("recompute", ("data", "tensor_vocab")), ("logits", ("data", "tensor_vocab"))),
         notes="logp, entropy, d hidden batch-invariant; d weight / d bias deterministic; TP bitwise when "
               "shards start at multiples of chunk_v (docs/linear_logp.md); saved='logits' keeps z - tile max "
               "[N, V] (float16 for 16-bit inputs) instead of recomputing the logits, same logp bits"),))

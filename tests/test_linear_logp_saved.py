@@ -117,7 +117,7 @@ def test_bad_saved_is_a_typed_error(device):
     with pytest.raises(InputError, match="saved"):
         linear_logp(hidden, weight, targets, saved="everything")
     with pytest.raises(InputError, match="saved"):  # before any collective: no process group is touched
-        linear_logp(hidden, weight, targets, saved="logits", tp_group=object(), global_vocab_size=150)
+        linear_logp(hidden, weight, targets, saved="everything", tp_group=object(), global_vocab_size=150)
 
 
 def test_configs_keep_the_saved_path_aligned():

@@ -38,7 +38,7 @@ def _run(hidden, weight, bias, targets, g, ge, **kw):
             "d_bias": b.grad}
 
 
-def _worker(rank, world, init_method, out_dir, dtype_name, bounds):
+def _worker(rank, world, init_method, out_dir, dtype_name, bounds, saved="recompute"):
     os.environ["TRITON_INTERPRET"] = "1"
     import torch.distributed as dist
 
@@ -49,31 +49,34 @@ def _worker(rank, world, init_method, out_dir, dtype_name, bounds):
         hidden, weight, bias, targets, g, ge = _inputs(dtype, V)
         lo, hi = bounds[rank], bounds[rank + 1]
         out = _run(hidden, weight[lo:hi], bias[lo:hi], targets, g, ge, tp_group=dist.group.WORLD,
-                   vocab_start_index=lo, global_vocab_size=V)
+                   vocab_start_index=lo, global_vocab_size=V, saved=saved)
         torch.save(out, Path(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(tmp_path, dtype, bounds):
+def _spawn(tmp_path, dtype, bounds, saved="recompute"):
     import torch.multiprocessing as mp
 
     world = len(bounds) - 1
     mp.spawn(_worker, args=(world, f"file://{tmp_path / 'store'}", str(tmp_path),
-                            str(dtype).removeprefix("torch."), bounds), nprocs=world, join=True)
+                            str(dtype).removeprefix("torch."), bounds, saved), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
-@pytest.mark.parametrize("world,dtype", [(2, torch.float32), (4, torch.bfloat16)])
-def test_aligned_shards_are_bitwise_one_shard(tmp_path, world, dtype):
+@pytest.mark.parametrize("world,dtype,saved", [(2, torch.float32, "recompute"), (4, torch.bfloat16, "recompute"),
+                                               (2, torch.float32, "logits"), (4, torch.bfloat16, "logits")])
+def test_aligned_shards_are_bitwise_one_shard(tmp_path, world, dtype, saved):
+    """Both saved-state policies: with saved="logits" each rank keeps its shard's logits and the
+    result is bitwise one shard's saved="logits" result."""
     C = _chunk()
     V = 4 * C + 29  # the last shard ends in a partial chunk
     bounds = [0] + [C * (1 + r) for r in range(world - 1)] + [V]  # uneven, chunk-aligned starts
     if world == 2:
         bounds = [0, 3 * C, V]
-    ranks = _spawn(tmp_path, dtype, bounds)
+    ranks = _spawn(tmp_path, dtype, bounds, saved)
     hidden, weight, bias, targets, g, ge = _inputs(dtype, V)
-    one = _run(hidden, weight, bias, targets, g, ge)
+    one = _run(hidden, weight, bias, targets, g, ge, saved=saved)
     for r, got in enumerate(ranks):
         for name in ("logp", "entropy", "d_hidden"):
             assert torch.equal(got[name], one[name]), (r, name)

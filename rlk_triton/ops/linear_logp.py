@@ -548,13 +548,20 @@ class LinearLogpTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, temperature, ignore_index, with_entropy, group,
-                vocab_start):
+                vocab_start, save_logits=False):
         target_local = local_targets(target, vocab_start, weight.shape[0], ignore_index)
-        stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy)
+        # saved="logits": this shard's z - tile max and its tiles' maxima (local tile indices), as one
+        # shard keeps them; tiles start at the shard's start, on the forward's tile boundaries when aligned
+        saved = hidden.new_empty((hidden.shape[0], weight.shape[0]) if save_logits else (0, 0),
+                                 dtype=saved_dtype(hidden.dtype))
+        stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
+                           saved if save_logits else None)
+        tile_max = stats[0].clone() if save_logits else stats.new_empty((0, hidden.shape[0]))
         logp, entropy, row_max, row_logsum = merge(gather_stats(stats, group), target, ignore_index,
                                                    with_entropy)
-        ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy)
-        ctx.temperature, ctx.ignore_index, ctx.group = temperature, ignore_index, group
+        ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy, saved,
+                              tile_max)
+        ctx.temperature, ctx.ignore_index, ctx.group, ctx.save_logits = temperature, ignore_index, group, save_logits
         ctx.mark_non_differentiable(row_max, row_logsum)
         return logp, entropy, row_max, row_logsum
 
@@ -562,7 +569,8 @@ class LinearLogpTP(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
         import torch.distributed as dist
 
-        hidden, weight, bias, target, target_local, row_max, row_logsum, entropy = ctx.saved_tensors
+        hidden, weight, bias, target, target_local, row_max, row_logsum, entropy, saved, tile_max = ctx.saved_tensors
+        keep = ctx.save_logits
         group = ctx.group
         rank, k = dist.get_rank(group), dist.get_world_size(group)
         g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
@@ -575,9 +583,10 @@ class LinearLogpTP(torch.autograd.Function):
             dist.recv(acc_in, src=dist.get_global_rank(group, rank - 1), group=group)
         last = rank == k - 1
         out, dw, db = backward_chunks(g, ge, hidden, weight, bias, target_local, row_max, row_logsum,
-                                      entropy, ctx.temperature, acc_in=acc_in, final=last)
+                                      entropy, ctx.temperature, acc_in=acc_in, final=last,
+                                      saved=saved if keep else None, tile_max=tile_max if keep else None)
         if not last:
             dist.send(out, dst=dist.get_global_rank(group, rank + 1), group=group)
             out = torch.empty_like(hidden)
         dist.broadcast(out, src=dist.get_global_rank(group, k - 1), group=group)
-        return out, dw, db, None, None, None, None, None, None
+        return out, dw, db, None, None, None, None, None, None, None
