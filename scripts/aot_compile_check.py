@@ -13,7 +13,11 @@ Every member of the sm90 bf16 bit classes (configs.BIT_CLASSES: the matmul's M b
 configs) is compiled too, and its MMA instruction families checked against the class's: a member that
 compiles to another family (mma.sync instead of wgmma, another K step) leaves what the GPU gate proved.
 
-Needs the triton version of the GPU machine (3.6: its ptxas ships in the wheel). Exit code 1 when
+Kernels are specialized as the JIT specializes a launch with the given argument values (aligned
+pointers and ints divisible by 16 marked): that decides vector widths, so layouts and a reduction's
+order; PTX compiled without it (what this script did before, and still does on a triton whose JIT
+internals differ: the report's jit_specialization says) is not what runs. Needs the triton version of
+the GPU machine (3.6: its ptxas ships in the wheel). Exit code 1 when
 a kernel fails to compile, needs more shared memory than the H200 has, or leaves its class's families.
 """
 import argparse
@@ -42,21 +46,48 @@ H200_SMEM_PER_BLOCK = 232448  # bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin o
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+_JIT_SPECIALIZED = [True]  # every kernel so far compiled with the JIT's specialization (the report says)
+
+
+def _jit_source(fn, args: dict, num_warps: int, num_stages: int):
+    """(ASTSource, options) as the JIT builds them at a launch with these arguments: the same
+    specialization (16-byte aligned pointers and ints divisible by 16 marked, ints equal to 1 made
+    constant), which decides layouts (vector widths) and so a reduction's order. None where this
+    triton has no such internals."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    try:
+        backend = make_backend(TARGET)
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(**args, num_warps=num_warps, num_stages=num_stages)
+        options, signature, constexprs, attrs = fn._pack_args(
+            backend, dict(num_warps=num_warps, num_stages=num_stages), bound, spec, opts)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return ASTSource(fn, signature, constexprs, attrs), options.__dict__
+
+
 def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
     """(shared bytes, spill bytes, ptx, None) or (None, None, None, error) for kernel with every argument
-    given by name. Spill bytes: the spill stores per thread that ptxas -v reports for the kernel's PTX."""
+    given by name, specialized as the JIT specializes a launch with those values (_jit_source; the
+    unspecialized signature where that is unavailable). Spill bytes: the spill stores per thread that
+    ptxas -v reports for the kernel's PTX."""
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
-    sig, consts = {}, {}
-    for p in fn.params:
-        v = args[p.name] if p.name in args or not p.has_default else p.default
-        if p.is_constexpr:
-            sig[p.name] = "constexpr"
-            consts[p.name] = v
-        else:
-            sig[p.name] = mangle_type(v)
+    args = {p.name: args[p.name] if p.name in args or not p.has_default else p.default for p in fn.params}
+    jit = _jit_source(fn, args, num_warps, num_stages)
+    _JIT_SPECIALIZED[0] = _JIT_SPECIALIZED[0] and jit is not None
+    if jit is None:
+        sig, consts = {}, {}
+        for p in fn.params:
+            if p.is_constexpr:
+                sig[p.name] = "constexpr"
+                consts[p.name] = args[p.name]
+            else:
+                sig[p.name] = mangle_type(args[p.name])
+        jit = ASTSource(fn=fn, signature=sig, constexprs=consts), {"num_warps": num_warps, "num_stages": num_stages}
     try:
-        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
-                           options={"num_warps": num_warps, "num_stages": num_stages})
+        c = triton.compile(jit[0], target=TARGET, options=jit[1])
     except Exception as ex:  # noqa: BLE001 - reported
         return None, None, None, f"{type(ex).__name__}: {str(ex)[:400]}"
     return c.metadata.shared, ptxas_spill_bytes(c.asm["ptx"]), c.asm["ptx"], None
@@ -328,7 +359,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"triton": triton.__version__, "target": "cuda sm90", "smem_limit": H200_SMEM_PER_BLOCK,
-                       "rows": rows}, f, indent=1)
+                       "jit_specialization": _JIT_SPECIALIZED[0], "rows": rows}, f, indent=1)
     return 0 if ok else 1
 
 
