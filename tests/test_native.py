@@ -208,3 +208,16 @@ def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeyp
     with pytest.raises(BackendError, match="16-byte aligned"):
         rmsnorm.rms_norm(buf[:288].view(3, 96), torch.ones(97, device=device, dtype=torch.bfloat16)[1:],
                          backend="cuda_native")
+
+
+def test_cuda_native_refuses_rows_it_has_no_kernel_for(device, monkeypatch):
+    """Rows of several tiles (H above the locked tile) or with fewer lanes than threads have no native
+    kernel and no gate case: a BackendError, not the binding's RuntimeError."""
+    from rlk_triton.errors import BackendError
+    from rlk_triton.ops import rmsnorm
+
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
+    for H in (32, 3 * 16384):
+        x = torch.randn(2, H, device=device).to(torch.bfloat16)
+        with pytest.raises(BackendError, match="one tile"):
+            rmsnorm.rms_norm(x, torch.ones(H, device=device, dtype=torch.bfloat16), backend="cuda_native")

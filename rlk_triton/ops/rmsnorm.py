@@ -441,6 +441,10 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     if not ok:
         raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
     rows = x.reshape(-1, H)
+    block, warps, _, _ = native._rmsnorm_config(rows)
+    if block < H or block % (32 * warps):  # what the native kernel has and the gate covered
+        raise BackendError("backend", f"cuda_native covers rows of one tile with a lane per thread (H <= {block}"
+                           f" and H > {16 * warps} here), got H = {H}: use backend='triton'")
     if rows.data_ptr() % 16 or weight.data_ptr() % 16:
         # the native layout is the Triton kernel's for 16-byte aligned x and weight only (docs/native.md)
         raise BackendError("backend", "cuda_native needs x and the weight 16-byte aligned: use backend='triton'")
