@@ -49,19 +49,23 @@ class NativeOp:
 
 # ---- rms_norm forward (no residual) ----
 
-def _rmsnorm_config(x):
+def _rmsnorm_config(x, arch=None):
     """(BLOCK_H, num_warps, vec, rows) of the Triton launch for x: the native layout. vec is the lanes
     per thread per vector of the layout Triton 3.6 reduces in (16 bytes, at most BLOCK_H / threads;
     1 in the rows kernel when neither H nor x's row stride is a multiple of 16: the JIT's
     divisibility specialization). Found by compiling the kernels for sm90 with the JIT's
     specialization, for 16-byte aligned x and weight only: the native kernel refuses other pointers.
-    rows: the rows kernel's rows per program (the native kernel's rows per block, speed only)."""
+    rows: the rows kernel's rows per program (the native kernel's rows per block, speed only).
+    arch: the config table to read (default: x's device's)."""
+    from . import configs
+    from ._runtime import arch_of
     from .ops import rmsnorm
 
     H = x.shape[1]
-    cfg = rmsnorm._cfg("rmsnorm_fwd", x, H)
+    arch = arch or arch_of(x.device)
+    cfg = configs.lookup("rmsnorm_fwd", arch, x.dtype, H)
     block = rmsnorm.hidden_tile(cfg, H)
-    rows = rmsnorm._cfg("rmsnorm_fwd_rows", x, H).block_v
+    rows = configs.lookup("rmsnorm_fwd_rows", arch, x.dtype, H).block_v
     rows = rows if rows > 1 and block >= H else 1
     vec = min(16 // x.element_size(), max(block // (32 * cfg.num_warps), 1))
     if rows > 1 and H % 16 and x.stride(0) % 16:

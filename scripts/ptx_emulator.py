@@ -1,0 +1,448 @@
+"""A small lockstep PTX emulator: one CTA of a kernel without backward branches (straight-line code and
+forward branches, shuffles, shared memory, bar.sync), run on the CPU bit-exactly for the instructions
+it knows (it raises NotImplementedError on others). f32 add / mul / div / sqrt are numpy float32
+(IEEE round to nearest even); fma.rn is exact (fma32).
+
+What it is for: checking, without a GPU, that a native/ kernel's PTX (nvcc -ptx) computes in a given
+order. It reproduced the H200 gate's refusal of the first native rms_norm forward output for output,
+then found the rewritten kernel equal to Triton 3.6's PTX on every gate case before any device time
+was spent (docs/native.md). tests/test_native_order.py runs native/rmsnorm_kernels.cu's PTX in it
+against a NumPy model of the documented order.
+
+    run_cta(ptx_of_one_entry, nthreads, params, gmem_uint8, ctaid) -> the CTA (gmem is written in place)
+"""
+import re
+import numpy as np
+import torch
+
+MASK = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
+
+
+def fma32(a, b, c):
+    """Correctly rounded float32 fma: the product is exact in float64; s = fl64(p + c) is corrected for
+    the one case where rounding s to float32 double-rounds (s exactly a float32 midpoint, error != 0)."""
+    a = a.astype(np.float64); b = b.astype(np.float64); c = c.astype(np.float64)
+    p = a * b
+    with np.errstate(all="ignore"):
+        s = p + c
+        bb = s - p
+        e = (p - (s - bb)) + (c - bb)  # TwoSum: s + e == p + c exactly
+        f = s.astype(np.float32)
+        # is s a midpoint between two float32 neighbours? then rounding must follow e's sign
+        lo = np.where(f.astype(np.float64) > s, np.nextafter(f, np.float32(-np.inf)), f)
+        hi = np.nextafter(lo, np.float32(np.inf))
+        mid = (lo.astype(np.float64) + hi.astype(np.float64)) / 2
+        tie = (s == mid) & (e != 0) & np.isfinite(s)
+        fix = np.where(e > 0, hi, lo)
+    return np.where(tie, fix, f).astype(np.float32)
+
+
+def f32(u):
+    return (u & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def u32(f):
+    return f.astype(np.float32).view(np.uint32).astype(np.uint64)
+
+
+def bf16_to_f32(u):
+    return ((u & 0xFFFF).astype(np.uint32) << 16).view(np.float32)
+
+
+def f16_to_f32(u):
+    return (u & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def f32_to_bf16(f):
+    return torch.from_numpy(f.astype(np.float32).copy()).to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16).astype(np.uint64)
+
+
+def f32_to_f16(f):
+    return f.astype(np.float32).astype(np.float16).view(np.uint16).astype(np.uint64)
+
+
+def parse(ptx):
+    """(entry name, params, shared decls, list of (label | instruction tuple))."""
+    body = ptx[ptx.index(".entry"):]
+    name = re.match(r"\.entry\s+(\w+)", body).group(1)
+    params = [(ln.split()[1], ln.split()[-1].rstrip(",")) for ln in body[:body.index(")")].splitlines()
+              if ln.strip().startswith(".param")]
+    shared = re.findall(r"\.shared\s+\.align\s+(\d+)\s+\.b8\s+(\w+)\[(\d*)\]", ptx)
+    body = body[body.index("{", body.index(")")) + 1:]
+    body = re.sub(r"//[^\n]*", "", body)
+    body = re.sub(r"\.section.*", "", body, flags=re.S)
+    prog = []
+    for stmt in re.split(r";|\n", body):
+        s = stmt.strip()
+        if s.startswith("{"):  # inline asm block
+            s = s[1:].strip()
+        if not s or s.startswith(".") or s == "}":
+            continue
+        m = re.match(r"^(\$?[\w$]+):\s*(.*)$", s)
+        if m:
+            prog.append(("label", m.group(1)))
+            s = m.group(2).strip()
+            if not s:
+                continue
+        pred = None
+        m = re.match(r"^@(!?)(%\w+)\s+(.*)$", s)
+        if m:
+            pred = (m.group(1) == "!", m.group(2))
+            s = m.group(3)
+        parts = s.split(None, 1)
+        op = parts[0]
+        args = split_args(parts[1]) if len(parts) > 1 else []
+        prog.append(("ins", pred, op, args))
+    return name, params, shared, prog
+
+
+def split_args(s):
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip()); cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+class CTA:
+    def __init__(self, ptx, nthreads, params, gmem, ctaid):
+        self.name, self.pdecl, shared_decl, self.prog = parse(ptx)
+        self.n = nthreads
+        self.params = params  # list of raw integer values (bit patterns) in declaration order
+        self.gmem = gmem  # numpy uint8 array, addresses are indices
+        self.smem = np.zeros(1 << 17, np.uint8)
+        self.sym = {"global_smem": 0}
+        off = 0
+        for align, nm, size in shared_decl:
+            off = (off + int(align) - 1) // int(align) * int(align)
+            self.sym[nm] = off
+            off += int(size or 0)
+        self.regs = {}
+        self.tid = np.arange(nthreads, dtype=np.uint64)
+        self.ctaid = ctaid
+        self.active = np.ones(nthreads, bool)
+        self.waiting = {}  # label -> mask of threads that branched there
+        self.seen = set()
+
+    # ---- operands ----
+    def val(self, a):
+        a = a.strip()
+        if a.startswith("%"):
+            if a == "%tid.x":
+                return self.tid.copy()
+            if a in ("%tid.y", "%tid.z", "%ctaid.y", "%ctaid.z"):
+                return np.zeros(self.n, np.uint64)
+            if a == "%ctaid.x":
+                return np.full(self.n, self.ctaid, np.uint64)
+            if a == "%ntid.x":
+                return np.full(self.n, self.n, np.uint64)
+            if a in ("%laneid",):
+                return self.tid % 32
+            return self.regs[a]
+        if re.match(r"^0[fF][0-9a-fA-F]{8}$", a):
+            return np.full(self.n, int(a[2:], 16), np.uint64)
+        if re.match(r"^-?\d+$", a):
+            return np.full(self.n, int(a) & MASK[64], np.uint64)
+        if re.match(r"^0x[0-9a-fA-F]+$", a):
+            return np.full(self.n, int(a, 16), np.uint64)
+        if a in self.sym:
+            return np.full(self.n, self.sym[a], np.uint64)
+        raise ValueError(f"operand {a}")
+
+    def addr(self, a):
+        inner = a.strip()[1:-1].strip()
+        m = re.match(r"^([%\w$.]+)\s*(?:\+\s*(-?\d+))?$", inner)
+        base, off = m.group(1), int(m.group(2) or 0)
+        if base.startswith("%"):
+            return (self.val(base) + np.uint64(off & MASK[64])) & np.uint64(MASK[64])
+        pidx = [p[1] for p in self.pdecl]
+        if base in pidx:
+            return ("param", pidx.index(base))
+        return np.full(self.n, self.sym[base] + off, np.uint64)
+
+    def setr(self, d, v, mask):
+        d = d.strip()
+        if d == "_":
+            return
+        old = self.regs.get(d)
+        v = np.asarray(v)
+        if old is None:
+            old = np.zeros(self.n, v.dtype)
+        self.regs[d] = np.where(mask, v, old).astype(v.dtype)
+
+    # ---- execution ----
+    def run(self):
+        i = 0
+        prog = self.prog
+        while i < len(prog):
+            item = prog[i]
+            i += 1
+            if item[0] == "label":
+                self.seen.add(item[1])
+                w = self.waiting.pop(item[1], None)
+                if w is not None:
+                    self.active |= w
+                continue
+            _, pred, op, args = item
+            mask = self.active.copy()
+            if pred is not None:
+                p = self.regs[pred[1]].astype(bool)
+                mask &= ~p if pred[0] else p
+            if op.startswith("bra"):
+                tgt = args[0]
+                assert tgt not in self.seen, "backward branch: " + tgt
+                self.waiting[tgt] = self.waiting.get(tgt, np.zeros(self.n, bool)) | mask
+                self.active &= ~mask
+                continue
+            if op.startswith("ret") or op.startswith("exit"):
+                self.active &= ~mask
+                continue
+            self.exec(op, args, mask)
+
+    def exec(self, op, a, mask):
+        o = op.split(".")
+        base = o[0]
+        M64 = np.uint64(MASK[64])
+        if base == "ld" and o[1] == "param":
+            idx = self.addr(a[1])[1]
+            self.setr(a[0], np.full(self.n, self.params[idx] & MASK[64], np.uint64), mask)
+            return
+        if base == "mov":
+            d, s = a
+            if s.startswith("{"):  # pack
+                parts = [x.strip() for x in s[1:-1].split(",")]
+                bits = {"b32": 16, "b64": 32}[o[1]]
+                v = np.zeros(self.n, np.uint64)
+                for k, p in enumerate(parts):
+                    v |= (self.val(p) & np.uint64(MASK[bits])) << np.uint64(k * bits)
+                self.setr(d, v, mask)
+            elif d.startswith("{"):  # unpack
+                parts = [x.strip() for x in d[1:-1].split(",")]
+                bits = {"b32": 16, "b64": 32}[o[1]]
+                v = self.val(s)
+                for k, p in enumerate(parts):
+                    self.setr(p, (v >> np.uint64(k * bits)) & np.uint64(MASK[bits]), mask)
+            else:
+                w = int(re.sub(r"\D", "", o[1]))
+                self.setr(d, self.val(s) & np.uint64(MASK[w]), mask)
+            return
+        if base == "cvta":
+            self.setr(a[0], self.val(a[1]), mask); return
+        if base == "cvt":
+            mods = [x for x in o[1:] if x not in ("rn", "rz", "rm", "rp", "sat", "ftz", "rni", "rzi")]
+            dt, st = mods[0], mods[1]
+            v = self.val(a[1])
+            if st in ("bf16", "f16") and dt == "f32":
+                f = bf16_to_f32(v) if st == "bf16" else f16_to_f32(v)
+                self.setr(a[0], u32(f), mask)
+            elif st == "f32" and dt in ("bf16", "f16"):
+                conv = f32_to_bf16 if dt == "bf16" else f32_to_f16
+                self.setr(a[0], conv(f32(v)), mask)
+            elif st == "f32" and dt in ("bf16x2", "f16x2"):
+                conv = f32_to_bf16 if dt == "bf16x2" else f32_to_f16
+                hi, lo = conv(f32(self.val(a[1]))), conv(f32(self.val(a[2])))
+                self.setr(a[0], (hi << np.uint64(16)) | lo, mask)
+            elif st == "f32" and dt == "f32":
+                self.setr(a[0], v & np.uint64(MASK[32]), mask)
+            elif st[0] in "us" and dt[0] in "usb":
+                sw, dw = int(st[1:]), int(dt[1:])
+                v = v & np.uint64(MASK[sw])
+                if st[0] == "s" and dw > sw:
+                    sign = (v >> np.uint64(sw - 1)) & np.uint64(1)
+                    v = np.where(sign == 1, v | (np.uint64(MASK[64]) ^ np.uint64(MASK[sw])), v)
+                self.setr(a[0], v & np.uint64(MASK[dw]), mask)
+            elif st in ("s32", "u32") and dt == "f32":
+                v = v & np.uint64(MASK[32])
+                iv = v.astype(np.uint32).view(np.int32) if st == "s32" else v.astype(np.uint32)
+                self.setr(a[0], u32(iv.astype(np.float32)), mask)
+            else:
+                raise NotImplementedError(op)
+            return
+        if base in ("add", "sub", "mul", "div", "fma", "sqrt", "rcp", "neg", "abs", "min", "max") and "f32" in o:
+            x = [f32(self.val(s)) for s in a[1:]]
+            assert "ftz" not in o and "approx" not in o and "full" not in o, op
+            if base in ("div", "sqrt", "fma", "rcp"):
+                assert "rn" in o, op
+            with np.errstate(all="ignore"):
+                if base == "add": r = x[0] + x[1]
+                elif base == "sub": r = x[0] - x[1]
+                elif base == "mul": r = x[0] * x[1]
+                elif base == "div": r = x[0] / x[1]
+                elif base == "sqrt": r = np.sqrt(x[0])
+                elif base == "rcp": r = np.float32(1) / x[0]
+                elif base == "fma": r = fma32(x[0], x[1], x[2])
+                elif base == "neg": r = -x[0]
+                elif base == "abs": r = np.abs(x[0])
+                elif base == "min": r = np.minimum(x[0], x[1])
+                elif base == "max": r = np.maximum(x[0], x[1])
+            self.ops.append((base, o))
+            self.setr(a[0], u32(r), mask)
+            return
+        if base == "selp":
+            c = self.regs[a[3]].astype(bool)
+            self.setr(a[0], np.where(c, self.val(a[1]), self.val(a[2])), mask); return
+        if base == "setp":
+            cmp, t = o[1], o[-1]
+            x, y = self.val(a[1]), self.val(a[2])
+            w = int(t[1:]) if t[0] in "usb" else 32
+            x = x & np.uint64(MASK[w]); y = y & np.uint64(MASK[w])
+            if t[0] == "s":
+                x = x.astype(np.int64) if w == 64 else (x.astype(np.uint32).view(np.int32) if w == 32 else x.astype(np.uint16).view(np.int16)).astype(np.int64)
+                y = y.astype(np.int64) if w == 64 else (y.astype(np.uint32).view(np.int32) if w == 32 else y.astype(np.uint16).view(np.int16)).astype(np.int64)
+            elif t == "f32":
+                x, y = f32(x), f32(y)
+            r = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y,
+                 "lo": x < y, "ls": x <= y, "hi": x > y, "hs": x >= y}[cmp]
+            dests = a[0].split("|")
+            self.setr(dests[0], r, mask)
+            if len(dests) > 1:
+                self.setr(dests[1], ~r, mask)
+            return
+        if base == "bfe":
+            t = o[-1]; w = int(t[1:])
+            v = self.val(a[1]) & np.uint64(MASK[w])
+            pos = self.val(a[2]) & np.uint64(0xFF); ln = self.val(a[3]) & np.uint64(0xFF)
+            assert np.all(ln > 0) and np.all(pos + ln <= w), op
+            r = (v >> pos) & ((np.uint64(1) << ln) - np.uint64(1))
+            if t[0] == "s":
+                sign = (r >> (ln - np.uint64(1))) & np.uint64(1)
+                r = np.where(sign == 1, r | (np.uint64(MASK[64]) ^ ((np.uint64(1) << ln) - np.uint64(1))), r)
+            self.setr(a[0], r & np.uint64(MASK[w]), mask); return
+        if base in ("and", "or", "xor", "not") and o[1] == "pred":
+            x = [self.regs[s.strip()].astype(bool) for s in a[1:]]
+            r = {"and": lambda: x[0] & x[1], "or": lambda: x[0] | x[1], "xor": lambda: x[0] ^ x[1], "not": lambda: ~x[0]}[base]()
+            self.setr(a[0], r, mask); return
+        if base in ("add", "sub", "mul", "mad", "and", "or", "xor", "shl", "shr", "not", "neg", "min", "max", "rem", "div"):
+            t = o[-1]
+            w = int(t[1:])
+            vs = [self.val(s) for s in a[1:]]
+            if base in ("mul", "mad") and o[1] == "wide":
+                sw = w
+                dw = 2 * w
+                xs = []
+                for v in vs[:2]:
+                    v = v & np.uint64(MASK[sw])
+                    if t[0] == "s":
+                        v = v.astype(np.uint32).view(np.int32).astype(np.int64).astype(np.uint64)
+                    xs.append(v)
+                r = (xs[0] * xs[1])
+                if base == "mad":
+                    r = r + vs[2]
+                self.setr(a[0], r & np.uint64(MASK[dw]), mask); return
+            m = np.uint64(MASK[w])
+            if base in ("shr",) and t[0] == "s":
+                x = vs[0] & m
+                sx = x.astype(np.int64) if w == 64 else x.astype(np.uint32).view(np.int32).astype(np.int64)
+                r = (sx >> vs[1].astype(np.int64)).astype(np.uint64)
+            elif base in ("min", "max", "rem", "div") and t[0] == "s":
+                sx = [(v & m).astype(np.int64) if w == 64 else (v & m).astype(np.uint32).view(np.int32).astype(np.int64) for v in vs]
+                r = {"min": lambda: np.minimum(*sx), "max": lambda: np.maximum(*sx),
+                     "rem": lambda: np.fmod(sx[0], sx[1]), "div": lambda: (np.trunc(sx[0] / sx[1])).astype(np.int64)}[base]().astype(np.uint64)
+            else:
+                with np.errstate(all="ignore"):
+                    r = {"add": lambda: vs[0] + vs[1], "sub": lambda: vs[0] - vs[1],
+                         "mul": lambda: vs[0] * vs[1], "mad": lambda: vs[0] * vs[1] + vs[2],
+                         "and": lambda: vs[0] & vs[1], "or": lambda: vs[0] | vs[1], "xor": lambda: vs[0] ^ vs[1],
+                         "shl": lambda: vs[0] << vs[1], "shr": lambda: (vs[0] & m) >> vs[1], "not": lambda: ~vs[0],
+                         "neg": lambda: (np.uint64(0) - vs[0]), "min": lambda: np.minimum(vs[0] & m, vs[1] & m),
+                         "max": lambda: np.maximum(vs[0] & m, vs[1] & m), "rem": lambda: (vs[0] & m) % (vs[1] & m),
+                         "div": lambda: (vs[0] & m) // (vs[1] & m)}[base]()
+            self.setr(a[0], r & m, mask); return
+        if base == "ld" or base == "st":
+            space = o[1]
+            vec = next((int(x[1:]) for x in o if re.match(r"^v\d$", x)), 1)
+            t = o[-1]
+            w = int(t[1:]) // 8
+            mem = self.gmem if space == "global" else self.smem
+            if base == "ld":
+                regs = [x.strip() for x in a[0].strip("{} ").split(",")]
+                ad = self.addr(a[1])
+            else:
+                regs = [x.strip() for x in a[1].strip("{} ").split(",")]
+                ad = self.addr(a[0])
+            idx = np.nonzero(mask)[0]
+            for k, r in enumerate(regs):
+                aa = ad[idx].astype(np.int64) + k * w
+                if base == "ld":
+                    v = np.zeros(len(idx), np.uint64)
+                    for b in range(w):
+                        v |= mem[aa + b].astype(np.uint64) << np.uint64(8 * b)
+                    full = np.zeros(self.n, np.uint64)
+                    full[idx] = v
+                    self.setr(r, full, mask)
+                else:
+                    v = self.val(r)[idx]
+                    for b in range(w):
+                        mem[aa + b] = ((v >> np.uint64(8 * b)) & np.uint64(0xFF)).astype(np.uint8)
+                    if space == "global":
+                        self.stores.append((aa, w, v))
+            return
+        if base == "shfl":
+            assert o[2] == "bfly", op
+            assert np.all((self.val(a[3]) & np.uint64(0xFFFFFFFF)) == 31), a
+            assert np.all((self.val(a[4]) & np.uint64(0xFFFFFFFF)) == 0xFFFFFFFF), a
+            dests = a[0].split("|")
+            v = self.val(a[1]); lane_mask = self.val(a[2])
+            src = self.tid ^ (lane_mask & np.uint64(31))
+            r = v[src.astype(np.int64)]
+            self.setr(dests[0], r, mask)
+            if len(dests) > 1:
+                self.setr(dests[1], np.ones(self.n, bool), mask)
+            return
+        if base == "bar" or base == "membar" or base == "fence":
+            return
+        if base in ("ldmatrix", "stmatrix"):  # m8n8 b16 matrices; per warp, threads 8i..8i+7 give matrix i's rows
+            assert "m8n8" in o and "b16" in o and mask.all(), (op, mask.sum())
+            trans = "trans" in o
+            nmat = int(next(x for x in o if re.match(r"^x\d$", x))[1:])
+            if base == "ldmatrix":
+                regs = [x.strip() for x in a[0].strip("{} ").split(",")]
+                ad = self.addr(a[1]).astype(np.int64)
+            else:
+                regs = [x.strip() for x in a[1].strip("{} ").split(",")]
+                ad = self.addr(a[0]).astype(np.int64)
+            out = {r: np.zeros(self.n, np.uint64) for r in regs} if base == "ldmatrix" else None
+            for w0 in range(0, self.n, 32):
+                for i in range(nmat):
+                    rows = ad[w0 + 8 * i: w0 + 8 * i + 8]
+                    if base == "ldmatrix":
+                        M = np.array([[int(self.smem[rr + 2 * c]) | (int(self.smem[rr + 2 * c + 1]) << 8) for c in range(8)]
+                                      for rr in rows], np.uint64)
+                        if trans:
+                            M = M.T
+                        for l in range(32):
+                            r, c = l // 4, 2 * (l % 4)
+                            out[regs[i]][w0 + l] = M[r, c] | (M[r, c + 1] << np.uint64(16))
+                    else:
+                        M = np.zeros((8, 8), np.uint64)
+                        v = self.val(regs[i])
+                        for l in range(32):
+                            r, c = l // 4, 2 * (l % 4)
+                            M[r, c] = v[w0 + l] & np.uint64(0xFFFF)
+                            M[r, c + 1] = (v[w0 + l] >> np.uint64(16)) & np.uint64(0xFFFF)
+                        if trans:
+                            M = M.T
+                        for k, rr in enumerate(rows):
+                            for c in range(8):
+                                self.smem[rr + 2 * c] = int(M[k, c]) & 0xFF
+                                self.smem[rr + 2 * c + 1] = int(M[k, c]) >> 8
+            if base == "ldmatrix":
+                for r in regs:
+                    self.setr(r, out[r], mask)
+            return
+        raise NotImplementedError(op)
+
+
+def run_cta(ptx, nthreads, params, gmem, ctaid):
+    c = CTA(ptx, nthreads, params, gmem, ctaid)
+    c.ops, c.stores, c.poisoned = [], [], False
+    c.run()
+    return c
