@@ -9,14 +9,21 @@ from rlk_triton import losses
 from rlk_triton.ops import (attention, embedding, gspo, linear_logp, matmul, rl_losses, rmsnorm, rope, selected_logp,
                             swiglu)
 
-CALLS = {
-    "attention": attention.call_attention_fwd, "embedding": embedding.call_embedding_fwd,
-    "gspo_loss": gspo.call_gspo_loss_fwd, "linear_logp": linear_logp.call_linear_logp_fwd,
-    "matmul": matmul.call_matmul, "ratio_kl": rl_losses.call_ratio_kl_fwd,
-    "policy_loss": rl_losses.call_policy_loss_fwd, "rms_norm": rmsnorm.call_rms_norm_fwd,
-    "rope": rope.call_rope_fwd, "selected_logp": selected_logp.call_selected_logp_fwd,
-    "swiglu": swiglu.call_swiglu_fwd,
+# each op: (the forward the public functions call, the backward op as its backward function calls it)
+OPS = {
+    "attention": (attention.call_attention_fwd, attention.call_attention_bwd),
+    "embedding": (embedding.call_embedding_fwd, embedding.call_embedding_bwd),
+    "gspo_loss": (gspo.call_gspo_loss_fwd, gspo.call_gspo_loss_bwd),
+    "linear_logp": (linear_logp.call_linear_logp_fwd, linear_logp.call_linear_logp_bwd),
+    "matmul": (matmul.call_matmul, matmul._matmul_direct),
+    "ratio_kl": (rl_losses.call_ratio_kl_fwd, rl_losses.call_ratio_kl_bwd),
+    "policy_loss": (rl_losses.call_policy_loss_fwd, rl_losses.call_policy_loss_bwd),
+    "rms_norm": (rmsnorm.call_rms_norm_fwd, rmsnorm.call_rms_norm_bwd),
+    "rope": (rope.call_rope_fwd, rope.call_rope_bwd),
+    "selected_logp": (selected_logp.call_selected_logp_fwd, selected_logp.call_selected_logp_bwd),
+    "swiglu": (swiglu.call_swiglu_fwd, swiglu.call_swiglu_bwd),
 }
+CALLS = {name: fwd for name, (fwd, _) in OPS.items()}
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -116,19 +123,10 @@ def test_the_public_functions_go_through_the_eager_path(device, monkeypatch):
     assert called == ["rms_norm_fwd"]  # the spy does see custom op calls
 
 
-BACKWARD_OPS = {
-    "attention": attention.call_attention_bwd, "embedding": embedding.call_embedding_bwd,
-    "gspo_loss": gspo.call_gspo_loss_bwd, "linear_logp": linear_logp.call_linear_logp_bwd,
-    "matmul": matmul._matmul_direct, "ratio_kl": rl_losses.call_ratio_kl_bwd,
-    "policy_loss": rl_losses.call_policy_loss_bwd, "rms_norm": rmsnorm.call_rms_norm_bwd,
-    "rope": rope.call_rope_bwd, "selected_logp": selected_logp.call_selected_logp_bwd,
-    "swiglu": swiglu.call_swiglu_bwd,
-}
 
-
-@pytest.mark.parametrize("name", sorted(BACKWARD_OPS))
+@pytest.mark.parametrize("name", sorted(OPS))
 def test_every_backward_has_the_direct_path(name):
-    assert hasattr(BACKWARD_OPS[name], "op"), f"{name}: the backward runs through the dispatcher on this torch"
+    assert hasattr(OPS[name][1], "op"), f"{name}: the backward runs through the dispatcher on this torch"
 
 
 def test_eager_backward_gives_the_custom_ops_bits(device):

@@ -162,19 +162,17 @@ def _matmul_kernel(
     mask = (om < M)[:, None] & (on < N)[None, :]
     om64 = om.to(tl.int64)[:, None]
     on64 = on.to(tl.int64)[None, :]
-    if FOLD_K:  # the chain of K ranges (module doc): C_in first, then each range's dot in order
-        acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N,
-                       tl.minimum(K, FOLD_K), BLOCK_K, EVEN_K, UPCAST, IEEE)
-        if ACCUMULATE:
-            acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
+    k_first = K
+    if FOLD_K:  # the chain of K ranges (module doc): the first range, C_in, then the others in order
+        k_first = tl.minimum(K, FOLD_K)
+    acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N, k_first,
+                   BLOCK_K, EVEN_K, UPCAST, IEEE)
+    if ACCUMULATE:
+        acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
+    if FOLD_K:
         for k0 in range(FOLD_K, K, FOLD_K):
             acc = acc + dot_tile(a_ptr + k0 * stride_ak, stride_am, stride_ak, b_ptr + k0 * stride_bk, stride_bk,
                                  stride_bn, om % M, on % N, tl.minimum(K - k0, FOLD_K), BLOCK_K, EVEN_K, UPCAST, IEEE)
-    else:
-        acc = dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, om % M, on % N, K,
-                       BLOCK_K, EVEN_K, UPCAST, IEEE)
-        if ACCUMULATE:
-            acc = tl.load(c_in_ptr + om64 * stride_cm + on64 * stride_cn, mask=mask, other=0.0) + acc
     if HAS_BIAS:  # added in fp32 before the one rounding to the output dtype
         acc += tl.load(bias_ptr + on % N).to(tl.float32)[None, :]
     tl.store(out_ptr + om64 * stride_om + on64 * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -226,9 +224,11 @@ def _matmul_desc_kernel(
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        if FOLD_K:  # the chain of K ranges (module doc); C_in then enters first, not in the epilogue
-            acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
-                                UPCAST, IEEE)
+        k_first = K
+        if FOLD_K:
+            k_first = tl.minimum(K, FOLD_K)
+        acc = dot_tile_desc(a_desc, b_desc, m0, n0, k_first, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
+        if FOLD_K:  # the chain of K ranges (module doc); C_in then enters after the first, not in the epilogue
             if ACCUMULATE:
                 om = m0 + tl.arange(0, BLOCK_M)
                 on = n0 + tl.arange(0, BLOCK_N)
@@ -237,8 +237,6 @@ def _matmul_desc_kernel(
             for k0 in range(FOLD_K, K, FOLD_K):
                 acc = acc + dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, k0 + FOLD_K), BLOCK_M, BLOCK_N,
                                           BLOCK_K, B_T, UPCAST, IEEE, k0)
-        else:
-            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
         ADD_C_IN: tl.constexpr = ACCUMULATE and not FOLD_K
         Q: tl.constexpr = BLOCK_N // 4
         q0, q1, q2, q3 = column_quarters(acc, BLOCK_M, BLOCK_N)

@@ -4,6 +4,8 @@ a test that holds one float64 computation against another takes its bound from t
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 EPS = float(np.finfo(np.float64).eps)  # 2^-52
@@ -35,3 +37,11 @@ def summation_order_bound(n: int, abs_sum: float) -> float:
     """How far two float64 sums of the same n terms, added in different orders, can be apart: each
     is within (n - 1) u sum|terms| of the exact sum (u = eps / 2), so n eps sum|terms| covers both."""
     return n * EPS * abs_sum
+
+
+def power_evaluations_bound(base: float, roundings: int) -> float:
+    """Relative distance of two float64 evaluations of base ** e (e = +-2i / R, |e| <= 1) followed by
+    the same formula written two ways: rounding e moves the power by ln(base) |e| u relatively, pow
+    and every later operation add at most u each (u = eps / 2); with `roundings` operations counted
+    over both evaluations, (ln(base) + roundings) eps covers both sides."""
+    return (math.log(base) + roundings) * EPS
