@@ -26,7 +26,11 @@
 // admission fingerprint carries the triton version. Every operation is an explicit _rn intrinsic
 // (also built with --fmad=false). `rlk-triton native admit` checks the bits on the GPU.
 // Speed, as Triton: VEC lanes per load / store (16-byte accesses on aligned rows), the rows kept as
-// packed 16-bit bits (converted again for y: exact), the weight read after the sums.
+// packed 16-bit bits (converted again for y: exact), the weight read after the sums. Rows of exactly
+// one tile with aligned row starts (FULL: H = BLOCK_H, the row stride a multiple of VEC; the host
+// decides) take a path without per-vector bounds or alignment branches, so that every load of a row
+// is issued before the first use. x is read and y written once: streaming cache hints (ld / st .cs,
+// RLK_STREAMING, default on) keep them from evicting the weight. Neither changes an operation.
 // No torch headers: CI compiles this file for sm_90a with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -78,39 +82,58 @@ __device__ __forceinline__ void pack(uint4& v, const unsigned* w) { v = make_uin
 __device__ __forceinline__ void pack(uint2& v, const unsigned* w) { v = make_uint2(w[0], w[1]); }
 __device__ __forceinline__ void pack(unsigned& v, const unsigned* w) { v = w[0]; }
 
+#ifndef RLK_STREAMING
+#define RLK_STREAMING 1
+#endif
+// One vector access; STREAM: read or written once (evict first), else the default policy.
+template <bool STREAM, typename A>
+__device__ __forceinline__ A load_vec(const A* p) {
+  if constexpr (STREAM && RLK_STREAMING) return __ldcs(p);
+  else return *p;
+}
+template <bool STREAM, typename A>
+__device__ __forceinline__ void store_vec(A* p, A v) {
+  if constexpr (STREAM && RLK_STREAMING) __stcs(p, v);
+  else *p = v;
+}
+
 // Lanes lane0 .. lane0 + V - 1 of a row into elements r0 .. r0 + V - 1 of raw (0 beyond H); one
-// vector access when all V are in the row and the row is aligned for it.
-template <typename T, int V>
+// vector access when all V are in the row and the row is aligned for it (FULL: known to be).
+template <typename T, int V, bool FULL = false, bool STREAM = false>
 __device__ __forceinline__ void load_lanes(const T* row, int lane0, int H, bool aligned, unsigned* raw, int r0) {
   using B = typename Bits<T>::type;
   const B* p = reinterpret_cast<const B*>(row) + lane0;
   constexpr int BYTES = V * (int)sizeof(B);
   if constexpr (BYTES >= 4) {
-    if (aligned && lane0 + V <= H) {
-      words(*reinterpret_cast<const typename Access<BYTES>::type*>(p), raw + r0 / Bits<T>::per_word);
+    if (FULL || (aligned && lane0 + V <= H)) {
+      words(load_vec<STREAM>(reinterpret_cast<const typename Access<BYTES>::type*>(p)), raw + r0 / Bits<T>::per_word);
       return;
     }
   }
+  if constexpr (!(FULL && BYTES >= 4)) {  // else unreachable
 #pragma unroll
-  for (int j = 0; j < V; ++j) set_elem<T>(raw, r0 + j, lane0 + j < H ? (unsigned)p[j] : 0u);
+    for (int j = 0; j < V; ++j) set_elem<T>(raw, r0 + j, lane0 + j < H ? (unsigned)p[j] : 0u);
+  }
 }
 
-template <typename T, int V>
+template <typename T, int V, bool FULL = false>
 __device__ __forceinline__ void store_lanes(T* row, int lane0, int H, bool aligned, const unsigned* raw) {
   using B = typename Bits<T>::type;
   B* p = reinterpret_cast<B*>(row) + lane0;
   constexpr int BYTES = V * (int)sizeof(B);
   if constexpr (BYTES >= 4) {
-    if (aligned && lane0 + V <= H) {
+    if (FULL || (aligned && lane0 + V <= H)) {
       typename Access<BYTES>::type v;
       pack(v, raw);
-      *reinterpret_cast<typename Access<BYTES>::type*>(p) = v;
+      store_vec<true>(reinterpret_cast<typename Access<BYTES>::type*>(p), v);
       return;
     }
   }
+  if constexpr (!(FULL && BYTES >= 4)) {
 #pragma unroll
-  for (int j = 0; j < V; ++j)
-    if (lane0 + j < H) p[j] = (B)elem<T>(raw, j);
+    for (int j = 0; j < V; ++j)
+      if (lane0 + j < H) p[j] = (B)elem<T>(raw, j);
+  }
 }
 
 template <typename T>
@@ -127,7 +150,7 @@ __device__ __forceinline__ float chain_squares(const unsigned* raw) {
   return acc;
 }
 
-template <typename T, int E, int VEC, int WARPS, int ROWS>
+template <typename T, int E, int VEC, int WARPS, int ROWS, bool FULL>
 __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
     const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ w, T* __restrict__ y,
     float* __restrict__ rstd_out, int64_t N, int H, float h_count, float eps, float weight_offset) {
@@ -143,11 +166,11 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
   for (int i = 0; i < ROWS; ++i) {  // all rows' loads first: more bytes in flight
     const int64_t row = row0 + i;
     const T* xr = x + (row < N ? row : 0) * x_row_stride;
-    const bool ok = aligned_for(xr, VEC);
+    const bool ok = FULL || aligned_for(xr, VEC);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       if (row < N) {
-        load_lanes<T, VEC>(xr, c * VEC * THREADS + t * VEC, H, ok, h[i], c * VEC);
+        load_lanes<T, VEC, FULL, true>(xr, c * VEC * THREADS + t * VEC, H, ok, h[i], c * VEC);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) set_elem<T>(h[i], c * VEC + j, 0u);
@@ -182,12 +205,12 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
   const bool w_ok = aligned_for(w, VEC);
   bool y_ok[ROWS];
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i) y_ok[i] = aligned_for(y + (row0 + i) * (int64_t)H, VEC);
+  for (int i = 0; i < ROWS; ++i) y_ok[i] = FULL || aligned_for(y + (row0 + i) * (int64_t)H, VEC);
 #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
     const int lane0 = c * VEC * THREADS + t * VEC;
     unsigned wb[VWORDS];
-    load_lanes<T, VEC>(w, lane0, H, w_ok, wb, 0);
+    load_lanes<T, VEC, FULL>(w, lane0, H, w_ok, wb, 0);
     float wk[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) wk[j] = __fadd_rn(elem_f32<T>(wb, j), weight_offset);
@@ -198,7 +221,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         set_elem<T>(b, j, from_f32(T(), __fmul_rn(__fmul_rn(rstd[i], elem_f32<T>(h[i], c * VEC + j)), wk[j])));
-      store_lanes<T, VEC>(y + (row0 + i) * (int64_t)H, lane0, H, y_ok[i], b);
+      store_lanes<T, VEC, FULL>(y + (row0 + i) * (int64_t)H, lane0, H, y_ok[i], b);
     }
   }
   if (t == 0) {
@@ -208,13 +231,13 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
   }
 }
 
-template <typename T, int E, int VEC, int WARPS>
+template <typename T, int E, int VEC, int WARPS, bool FULL>
 int launch_rows(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int rows,
                 float eps, float weight_offset, cudaStream_t stream) {
   const float h_count = (float)H;
 #define RLK_ROWS(R)                                                                                          \
   case R:                                                                                                    \
-    rms_norm_fwd_kernel<T, E, VEC, WARPS, R><<<(unsigned)((N + R - 1) / R), WARPS * 32, 0, stream>>>(        \
+    rms_norm_fwd_kernel<T, E, VEC, WARPS, R, FULL><<<(unsigned)((N + R - 1) / R), WARPS * 32, 0, stream>>>(  \
         (const T*)x, stride, (const T*)w, (T*)y, rstd, N, H, h_count, eps, weight_offset);                   \
     break;
   switch (rows) {
@@ -231,10 +254,15 @@ int launch_rows(const void* x, int64_t stride, const void* w, void* y, float* rs
 template <typename T, int E, int WARPS>
 int launch_vec(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int vec,
                int rows, float eps, float weight_offset, cudaStream_t stream) {
-  constexpr int FULL = 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E;
-  if (vec == FULL) return launch_rows<T, E, FULL, WARPS>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
-  if constexpr (FULL != 1) {
-    if (vec == 1) return launch_rows<T, E, 1, WARPS>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+  constexpr int WIDE = 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E;
+  if (vec == WIDE) {
+    // FULL: every lane of the tile is in the row and every row start is vector-aligned (x is)
+    if (H == E * WARPS * 32 && stride % WIDE == 0)
+      return launch_rows<T, E, WIDE, WARPS, true>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+    return launch_rows<T, E, WIDE, WARPS, false>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+  }
+  if constexpr (WIDE != 1) {
+    if (vec == 1) return launch_rows<T, E, 1, WARPS, false>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
   }
   return 1;
 }

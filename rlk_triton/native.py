@@ -57,18 +57,24 @@ def _rmsnorm_config(x, arch=None):
     specialization, for 16-byte aligned x and weight only: the native kernel refuses other pointers.
     rows: the rows kernel's rows per program (the native kernel's rows per block, speed only).
     arch: the config table to read (default: x's device's)."""
-    from . import configs
     from ._runtime import arch_of
+
+    return _rmsnorm_layout(arch or arch_of(x.device), x.dtype, x.shape[1], x.stride(0) % 16 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool):
+    """_rmsnorm_config's value, once per key: the call path asks on every call (host time is what a
+    native decode-sized call is for)."""
+    from . import configs
     from .ops import rmsnorm
 
-    H = x.shape[1]
-    arch = arch or arch_of(x.device)
-    cfg = configs.lookup("rmsnorm_fwd", arch, x.dtype, H)
+    cfg = configs.lookup("rmsnorm_fwd", arch, dtype, H)
     block = rmsnorm.hidden_tile(cfg, H)
-    rows = configs.lookup("rmsnorm_fwd_rows", arch, x.dtype, H).block_v
+    rows = configs.lookup("rmsnorm_fwd_rows", arch, dtype, H).block_v
     rows = rows if rows > 1 and block >= H else 1
-    vec = min(16 // x.element_size(), max(block // (32 * cfg.num_warps), 1))
-    if rows > 1 and H % 16 and x.stride(0) % 16:
+    vec = min(16 // dtype.itemsize, max(block // (32 * cfg.num_warps), 1))
+    if rows > 1 and H % 16 and not stride_16:
         vec = 1
     return block, cfg.num_warps, vec, rows
 
@@ -82,8 +88,14 @@ def _rmsnorm_triton(x, w, eps, offset):
 
 def _rmsnorm_native(ext, x, w, eps, offset):
     block, warps, vec, rows = _rmsnorm_config(x)
-    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows,
-                                  torch.cuda.current_stream(x.device).cuda_stream))
+    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows, _stream_handle(x.device)))
+
+
+def _stream_handle(device: torch.device) -> int:
+    """The current CUDA stream of `device` as the integer the bindings take (the raw handle Triton's
+    launcher reads too; torch.cuda.current_stream() builds a Stream object first)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _rmsnorm_cases(device) -> list:

@@ -5,6 +5,10 @@ library call (the functions with the most own time).
     python scripts/gpu_host_profile.py --json profile.json
 
 Wall times are per call: n calls from the host, one sync at the end (rlk_triton.bench.wall_ms).
+"launch probe" rows: for each Triton launch a call makes (recorded once), the JIT launch
+(kernel[grid](...): argument binding, specialization, cache key) against the same compiled kernel's
+launcher called directly with the bound arguments, outputs preallocated: what caching launch
+arguments per shape could save at most, before anyone builds it.
 """
 import argparse
 import cProfile
@@ -25,6 +29,53 @@ from rlk_triton.bench import cases
 @triton.jit
 def _empty(x_ptr, n, B: tl.constexpr):
     pass
+
+
+def record_launches(fn):
+    """[(jit function, grid, args, kwargs, compiled kernel)] of the Triton launches one call of fn makes."""
+    from triton.runtime.jit import JITFunction
+
+    seen, run = [], JITFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):
+        ck = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        seen.append((self, grid, args, dict(kwargs), ck))
+        return ck
+
+    JITFunction.run = spy
+    try:
+        fn()
+    finally:
+        JITFunction.run = run
+    return seen
+
+
+def direct_launcher(jit_fn, grid, args, kwargs, ck):
+    """A closure launching the compiled kernel `ck` with jit_fn's bound arguments (every parameter in
+    order, constexprs and defaults included), as JITFunction.run does after its cache lookup."""
+    from triton import knobs
+
+    bound = [args[i] if i < len(args) else kwargs.get(p.name, p.default) for i, p in enumerate(jit_fn.params)]
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    device = torch.cuda.current_device()
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+
+    def launch():
+        ck.run(grid[0], grid[1], grid[2], raw_stream(device), ck.function, ck.packed_metadata, None,
+               enter, leave, *bound)
+    return launch
+
+
+def launch_probe(name, fn):
+    rows = []
+    for i, (jit_fn, grid, args, kwargs, ck) in enumerate(record_launches(fn)):
+        jit = lambda: jit_fn[grid](*args, **kwargs)  # noqa: E731
+        direct = direct_launcher(jit_fn, grid, args, kwargs, ck)
+        rows.append({"call": f"launch probe: {name}, launch {i} ({jit_fn.fn.__name__}, {len(jit_fn.params)} params)",
+                     "wall_ms_jit": bench.wall_ms(jit), "wall_ms_direct": bench.wall_ms(direct),
+                     "device_ms": bench.graph_ms(jit)})
+    return rows
 
 
 def _profile(fn, n=300):
@@ -79,6 +130,19 @@ def main():
         if c.case == "fwd":
             calls[f"{c.op} {c.case} {c.shape}"] = c.build("cuda", True).rlk
     rows = []
+    for name in ("selected_logp fwd 1 x 151936", "rms_norm fwd 4096 x 4096"):
+        try:
+            rows += launch_probe(name, calls[name])
+        except Exception as ex:  # noqa: BLE001 - reported
+            rows.append({"call": f"launch probe: {name}", "error": repr(ex)[:400]})
+        print(rows[-1], flush=True)
+    for c in cases.select(["matmul", "attention"], "quick"):
+        if c.case.startswith(("fwd", "decode")) and ("M=8 " in c.shape or "decode" in c.case):
+            try:
+                rows += launch_probe(f"{c.op} {c.case} {c.shape}", c.build("cuda", True).rlk)
+            except Exception as ex:  # noqa: BLE001 - reported
+                rows.append({"call": f"launch probe: {c.op} {c.shape}", "error": repr(ex)[:400]})
+            print(rows[-1], flush=True)
     for name, fn in calls.items():
         try:
             row = {"call": name, "wall_ms": bench.wall_ms(fn), "device_ms": bench.graph_ms(fn) if "cpu" not in name else None}

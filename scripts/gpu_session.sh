@@ -2,7 +2,8 @@
 # One device call for the open GPU items of issues 18-20: tests of the new paths on cuda, the native
 # gate and latency (gpu_native.py), host overhead (gpu_host_overhead.py), linear_logp's modes against
 # eager and the GEMM bound (gpu_linear_logp.py), the attention backward split thresholds and SDPA rows
-# (gpu_attention_split.py), a host-time profile (gpu_host_profile.py). Each step has its own time box; everything lands under $OUT.
+# (gpu_attention_split.py), a host-time profile (gpu_host_profile.py), the attention backward tile sweep
+# (gpu_attention_tiles.py). Each step has its own time box; everything lands under $OUT.
 #   RLK_COMMIT=<sha> [STEPS="tests native host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -17,7 +18,7 @@ for step in ${STEPS:-tests native host ll split}; do
              tests/test_attention.py::test_backward_whole_block_loops_give_the_masked_bits} > $OUT/tests.log 2>&1
            echo "tests: exit $? $(grep -E ' passed| failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -20
            pkill -f "pytest" 2>/dev/null; sleep 1 ;;  # a timed-out run leaves xdist workers: they would skew the timings
-    native) timeout ${NATIVE_S:-120} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C > $OUT/native.log 2>&1
+    native) timeout ${NATIVE_S:-120} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1
             echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
@@ -27,6 +28,8 @@ for step in ${STEPS:-tests native host ll split}; do
              echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;
     split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) ${SPLIT_ARGS:-} > $OUT/split.log 2>&1
            echo "split: exit $?"; tail -c 3000 $OUT/split.log ;;
+    tiles) timeout ${TILES_S:-300} python3 scripts/gpu_attention_tiles.py --out $OUT/tiles.json --commit $C --time-box $(( ${TILES_S:-300} - 30 )) ${TILES_ARGS:-} > $OUT/tiles.log 2>&1
+           echo "tiles: exit $?"; tail -c 3000 $OUT/tiles.log ;;
   esac
   echo "$step done at $(( $(date +%s) - T0 )) s"
 done

@@ -100,29 +100,43 @@ def emulate(module, x, w, eps, offset):
     flat.view(N, stride)[:, :H] = x
     mem[xa:xa + N * stride * esz] = flat.view(torch.uint8).numpy()
     mem[wa:wa + H * esz] = w.contiguous().view(torch.uint8).numpy()
-    entry = _entry(module, f"rms_norm_fwd_kernelI{TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}EE")
+    full = H == block and stride % vec == 0 and vec == min(16 // esz, E)  # launch_vec's FULL rule
+    entry = _entry(module, f"rms_norm_fwd_kernelI{TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}ELb{int(full)}EE")
     for b in range(-(-N // rows)):
         emu.run_cta(entry, 32 * warps, [xa, stride, wa, ya, ra, N, H, _f2u(float(H)), _f2u(eps), _f2u(offset)],
                     mem, b)
     ints = {2: torch.int16, 4: torch.int32}[esz]
     y = torch.from_numpy(mem[ya:ya + N * H * esz].copy()).view(ints).view(x.dtype).view(N, H)
-    return y, mem[ra:ra + N * 4].view(np.float32).copy(), (block, warps, vec)
+    return y, mem[ra:ra + N * 4].view(np.float32).copy(), (block, warps, vec, full)
 
 
-@pytest.mark.parametrize("dtype,H,stride", [
+CASES = [
     (torch.bfloat16, 128, 128),  # one lane per thread: the product folded into the first shuffle
     (torch.bfloat16, 1000, 1000), (torch.float32, 1000, 1000), (torch.float16, 1024, 1024),
     (torch.bfloat16, 4096, 4160),  # two rows per block, a wider row stride
     (torch.float16, 4099, 4099),  # the two-rows kernel with VEC 1 (H and the stride not multiples of 16)
     (torch.float32, 8192, 8192), (torch.bfloat16, 16384, 16384),
-])
+    (torch.bfloat16, 2048, 2052),  # one tile, but row starts not 16-byte aligned: not FULL
+]
+
+
+def test_cases_cover_the_full_and_the_bounds_checked_paths():
+    full = set()
+    for dtype, H, stride in CASES:
+        block, warps, vec, _ = native._rmsnorm_config(torch.empty(2, stride, dtype=dtype)[:, :H], arch="sm90")
+        full.add(H == block and stride % vec == 0 and vec == min(16 // (2 if dtype != torch.float32 else 4),
+                                                                 block // (32 * warps)))
+    assert full == {True, False}
+
+
+@pytest.mark.parametrize("dtype,H,stride", CASES)
 def test_native_rmsnorm_ptx_computes_in_the_documented_order(ptx, dtype, H, stride):
     g = torch.Generator().manual_seed(H)
     N = 12  # enough rows that a one-ulp change of order shows in some rstd
     x = (torch.randn(N, stride, generator=g) * 3).to(dtype)[:, :H]
     x[1] = x[1] * 1e-3  # a row of small values: other sums, other roundings
     w = (torch.randn(H, generator=g) * 0.5 + 1).to(dtype)
-    y, rstd, (block, warps, vec) = emulate(ptx, x, w, 1e-5, 1.0)
+    y, rstd, (block, warps, vec, _) = emulate(ptx, x, w, 1e-5, 1.0)
     y_model, rstd_model = model(x, w, 1e-5, 1.0, block, warps, vec)
     assert (rstd.view(np.uint32) == rstd_model.view(np.uint32)).all(), (rstd, rstd_model)
     ints = {2: torch.int16, 4: torch.int32}[x.element_size()]
