@@ -13,6 +13,8 @@ from rlk_triton.reference.attention import attention_grad_reference, attention_r
 from rlk_triton.testing import check_batch_invariance
 from rlk_triton.testing.attention_parity import (AttentionCase, _scales, attention_row_op, cu_of,
                                                  judge_attention, judge_errors)
+from rlk_triton.testing.float64_checks import (assert_central_differences, central_difference_step,
+                                               softmax_third_derivative_bound)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -26,26 +28,50 @@ def _block_n(device, dtype, kernel="attention_fwd", head_dim=128):
 
 # ---- the float64 reference ----
 
+def _loss_scales(q, k, v, cu, scale, dout, dlse):
+    """(f_scale, {input: bound on |f'''|}) of the causal loss sum dout * out + sum dlse * lse, row by row.
+    f_scale: what one evaluation adds up, each weighted by how far its rounding reaches the loss:
+    out = sum_j p_j v_j adds p |v|, and p and lse carry the logits' rounding, which is relative to
+    S = max_j scale sum |q k| and, through exp(s - max s), up to 2 S: (1 + 2 S) p |v| and
+    (1 + |lse| + 2 S) for the lse term. f''': softmax_third_derivative_bound per row, summed over the
+    rows an input reaches; f is linear in v. Both derived, not measured (the differences' errors come out
+    25-200x below the bound they give)."""
+    _, lse = attention_reference(q, k, v, cu, scale, True)
+    G = q.shape[1] // k.shape[1]
+    f_scale, third_q, third_k = 0.0, 0.0, np.zeros_like(k)
+    for a, b in zip(cu[:-1], cu[1:]):
+        for h in range(q.shape[1]):
+            for i in range(a, b):
+                js, g = np.arange(a, i + 1), h // G  # the keys row i sees
+                p = np.exp(scale * k[js, g] @ q[i, h] - lse[h, i])
+                big_s = scale * (np.abs(k[js, g]) @ np.abs(q[i, h])).max()
+                f_scale += (np.abs(dout[i, h]) @ (p @ np.abs(v[js, g]))) * (1 + 2 * big_s)
+                f_scale += abs(dlse[h, i]) * (1 + abs(lse[h, i]) + 2 * big_s)
+                w_range = np.ptp(v[js, g] @ dout[i, h])
+                # q[i, h, d] moves every logit of the row, at rates scale k[j, g, d]
+                rates = scale * np.ptp(k[js, g], axis=0)
+                third_q = max(third_q, softmax_third_derivative_bound(rates, w_range, dlse[h, i]).max())
+                # k[j, g, d] moves logit j alone, at rate scale q[i, h, d]: a range only beside another key
+                if len(js) > 1:
+                    third_k[js, g] += softmax_third_derivative_bound(scale * np.abs(q[i, h]), w_range, dlse[h, i])
+    return f_scale, {"q": third_q, "k": float(third_k.max()), "v": 0.0}
+
+
 def test_reference_gradients_match_finite_differences():
     rng = np.random.default_rng(0)
     q, k, v = rng.normal(size=(7, 4, 3)), rng.normal(size=(7, 2, 3)), rng.normal(size=(7, 2, 3))
     cu, scale = [0, 4, 7], 0.7
     dout, dlse = rng.normal(size=(7, 4, 3)), rng.normal(size=(4, 7))
 
-    def loss(q, k, v):
+    def loss(q=q, k=k, v=v):
         out, lse = attention_reference(q, k, v, cu, scale, True)
         return float((out * dout).sum() + (lse * dlse).sum())
 
     grads = attention_grad_reference(q, k, v, cu, scale, True, dout, dlse)
-    for x, g in zip((q, k, v), grads):
-        num = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += 1e-6
-            xm[idx] -= 1e-6
-            args = [xp if y is x else y for y in (q, k, v)], [xm if y is x else y for y in (q, k, v)]
-            num[idx] = (loss(*args[0]) - loss(*args[1])) / 2e-6
-        np.testing.assert_allclose(g, num, rtol=1e-6, atol=1e-7)
+    f_scale, third = _loss_scales(q, k, v, cu, scale, dout, dlse)
+    h = central_difference_step(f_scale, max(third.values()))  # where truncation and rounding balance
+    for name, x, g in zip("qkv", (q, k, v), grads):
+        assert_central_differences(lambda y: loss(**{name: y}), x, g, h, third[name], f_scale)
 
 
 def test_reference_lse_is_logsumexp():
