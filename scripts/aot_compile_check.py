@@ -73,6 +73,7 @@ def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
     given by name, specialized as the JIT specializes a launch with those values (_jit_source; the
     unspecialized signature where that is unavailable). Spill bytes: the spill stores per thread that
     ptxas -v reports for the kernel's PTX."""
+    kernel = getattr(kernel, "jit", kernel)  # rlk_triton.ops.launch.CachedLaunch: its JIT function
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
     args = {p.name: args[p.name] if p.name in args or not p.has_default else p.default for p in fn.params}
     jit = _jit_source(fn, args, num_warps, num_stages)

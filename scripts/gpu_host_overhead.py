@@ -1,10 +1,12 @@
-"""What an eager call costs beyond its kernels, with the eager path (rlk_triton.ops.dispatch) and with
-every call forced through the torch.library custom op (the dispatcher path it replaced), same process.
+"""What an eager call costs beyond its kernels, with the eager path (rlk_triton.ops.dispatch), the
+eager path with every launch through Triton's JIT (rlk_triton.ops.launch.ENABLED = False, what the
+launch cache replaced) and every call forced through the torch.library custom op (the dispatcher
+path), same process.
 
     python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
 
 Per case: device time (the call captured in a CUDA graph), wall time per call from the host (one sync
-at the end) on both paths, and the host-overhead target max(1.25 x device, device + 30 us). The
+at the end) on each path, and the host-overhead target max(1.25 x device, device + 30 us). The
 suite's --quick cases of every family, then the shapes named by the host-overhead issue (policy_loss
 fwd+bwd [256 x 4096] beside eager torch, rms_norm fwd+bwd [16384 x 4096], selected_logp at 1 row).
 The JSON is rewritten after every case, so a time-boxed run keeps what it measured.
@@ -19,14 +21,15 @@ import torch
 
 from rlk_triton.bench import FAMILIES, cases, timing
 from rlk_triton.bench.report import device_ms, header
-from rlk_triton.ops import dispatch
+from rlk_triton.ops import dispatch, launch
 
 _eager_traced = dispatch._traced
 
 
 def _path(name: str) -> None:
     # the dispatcher path: every call looks traced, so it goes through the custom op
-    dispatch._traced = _eager_traced if name == "eager" else (lambda args: True)
+    dispatch._traced = (lambda args: True) if name == "dispatcher" else _eager_traced
+    launch.ENABLED = name != "no launch cache"
 
 
 def _target_ms(dev: float) -> float:
@@ -56,17 +59,20 @@ def main() -> int:
             _path("eager")
             dev, clock = device_ms(bound.rlk, "cuda")
             walls = {}
-            for name in ("eager", "dispatcher", "eager"):  # eager twice: the first one warms up both
+            # eager twice: the first one warms up every path
+            for name in ("eager", "no launch cache", "dispatcher", "eager"):
                 _path(name)
                 walls[name] = timing.wall_ms(bound.rlk, device="cuda")
             row = {"op": op, "case": label, "device_ms": dev, "clock": clock, "wall_eager_ms": walls["eager"],
+                   "wall_eager_no_launch_cache_ms": walls["no launch cache"],
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
                    "meets_target": walls["eager"] <= _target_ms(dev)}
             for b in bound.baselines:
                 if b.kind == "eager":
                     row["torch_eager_wall_ms"] = timing.wall_ms(b.fn, device="cuda")
             report["rows"].append(row)
-            print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  dispatcher "
+            print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
+                  f"{walls['no launch cache']:8.4f}  dispatcher "
                   f"{walls['dispatcher']:8.4f}  target {_target_ms(dev):8.4f}"
                   + (f"  torch eager {row['torch_eager_wall_ms']:.4f}" if "torch_eager_wall_ms" in row else ""), flush=True)
         except Exception as ex:  # noqa: BLE001 - keep measuring the other cases

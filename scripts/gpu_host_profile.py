@@ -7,8 +7,8 @@ library call (the functions with the most own time).
 Wall times are per call: n calls from the host, one sync at the end (rlk_triton.bench.wall_ms).
 "launch probe" rows: for each Triton launch a call makes (recorded once), the JIT launch
 (kernel[grid](...): argument binding, specialization, cache key) against the same compiled kernel's
-launcher called directly with the bound arguments, outputs preallocated: what caching launch
-arguments per shape could save at most, before anyone builds it.
+launcher called directly with the bound arguments (the floor) and against rlk_triton.ops.launch's
+cached launch, outputs preallocated.
 """
 import argparse
 import cProfile
@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from rlk_triton import bench
+from rlk_triton.ops import launch
 from rlk_triton.logp import selected_logp
 from rlk_triton.ops.rmsnorm import rms_norm
 from rlk_triton.bench import cases
@@ -42,11 +43,11 @@ def record_launches(fn):
         seen.append((self, grid, args, dict(kwargs), ck))
         return ck
 
-    JITFunction.run = spy
+    JITFunction.run, launch.ENABLED = spy, False  # every launch through the JIT, where the spy sees it
     try:
         fn()
     finally:
-        JITFunction.run = run
+        JITFunction.run, launch.ENABLED = run, True
     return seen
 
 
@@ -72,9 +73,11 @@ def launch_probe(name, fn):
     for i, (jit_fn, grid, args, kwargs, ck) in enumerate(record_launches(fn)):
         jit = lambda: jit_fn[grid](*args, **kwargs)  # noqa: E731
         direct = direct_launcher(jit_fn, grid, args, kwargs, ck)
+        k = launch.CachedLaunch(jit_fn)
+        cached = lambda: k[grid](*args, **kwargs)  # noqa: E731
         rows.append({"call": f"launch probe: {name}, launch {i} ({jit_fn.fn.__name__}, {len(jit_fn.params)} params)",
                      "wall_ms_jit": bench.wall_ms(jit), "wall_ms_direct": bench.wall_ms(direct),
-                     "device_ms": bench.graph_ms(jit)})
+                     "wall_ms_cached_launch": bench.wall_ms(cached), "device_ms": bench.graph_ms(jit)})
     return rows
 
 

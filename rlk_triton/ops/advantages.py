@@ -30,6 +30,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
+from .launch import cached
 
 def _locked(kernel: str, device: torch.device):
     """(block, num_warps) from the locked table (rlk_triton/configs.py); never depends on B or T."""
@@ -49,6 +50,7 @@ def _affine_then(a_acc, b_acc, a_new, b_new):
     return a_new * a_acc, b_new + a_new * b_acc
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "gamma", "lam"])
 def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, stride_row,
                 gamma, lam, BLOCK_T: tl.constexpr):
@@ -98,6 +100,7 @@ def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, strid
         carry_a = tl.sum(tl.where(last, adv, 0.0), 0)
 
 
+@cached
 @triton.jit
 def _group_stats_kernel(sorted_score_ptr, start_ptr, count_ptr, mean_ptr, m2_ptr, BLOCK_B: tl.constexpr):
     # One group's members lie contiguously (stable-sorted by group id), so the summation tree
@@ -129,6 +132,7 @@ def _group_stats_kernel(sorted_score_ptr, start_ptr, count_ptr, mean_ptr, m2_ptr
     tl.store(m2_ptr + g, m2)
 
 
+@cached
 @triton.jit(do_not_specialize=["eps"])
 def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, count_ptr, out_ptr, B, eps,
                             MODE: tl.constexpr, SINGLETON_RAW: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -159,6 +163,7 @@ def _group_advantage_kernel(score_ptr, gid_ptr, valid_ptr, mean_ptr, m2_ptr, cou
 
 # ---- masked whitening ----
 
+@cached
 @triton.jit(do_not_specialize=["T"])
 def _whiten_rows_kernel(val_ptr, mask_ptr, stats_ptr, sum_ptr, count_ptr, T, CENTERED: tl.constexpr,
                         BLOCK_T: tl.constexpr):
@@ -186,6 +191,7 @@ def _whiten_rows_kernel(val_ptr, mask_ptr, stats_ptr, sum_ptr, count_ptr, T, CEN
         tl.store(count_ptr + row, n)
 
 
+@cached
 @triton.jit(do_not_specialize=["B", "eps"])
 def _whiten_fold_kernel(sum_ptr, count_ptr, stats_ptr, B, eps, CENTERED: tl.constexpr, UNBIASED: tl.constexpr,
                         EPS_ON_VAR: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -215,6 +221,7 @@ def _whiten_fold_kernel(sum_ptr, count_ptr, stats_ptr, B, eps, CENTERED: tl.cons
         tl.store(stats_ptr, tl.where(n > 0, total / tl.maximum(nf, 1.0), 0.0))
 
 
+@cached
 @triton.jit(do_not_specialize=["T"])
 def _whiten_apply_kernel(val_ptr, mask_ptr, stats_ptr, out_ptr, T, SHIFT_MEAN: tl.constexpr, BLOCK_T: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -45,6 +45,7 @@ from .. import configs
 from .._runtime import arch_of
 from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -133,6 +134,7 @@ def _span(cu_ptr, i, n):
 
 # ---- training forward ----
 
+@cached
 @triton.jit
 def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr,
@@ -238,6 +240,7 @@ def _kv_block(kc_head, vc_head, page, n0, ok, page_size, skc_p, skc_s, svc_p, sv
     return k, v
 
 
+@cached
 @triton.jit
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cuq_ptr, kvlen_ptr, bt_ptr,
@@ -327,6 +330,7 @@ def _decode_row_block(
 
 # ---- backward ----
 
+@cached
 @triton.jit
 def _bwd_preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, N, so_t, so_h, sdo_t, sdo_h, sdl_h, sde_h,
                            HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
@@ -368,6 +372,7 @@ def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, 
     return q, do, lse2, delta
 
 
+@cached
 @triton.jit
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
@@ -443,6 +448,7 @@ def _bwd_dkdv_block(
              mask=col_ok[:, None])
 
 
+@cached
 @triton.jit
 def _bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,

@@ -19,6 +19,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -29,6 +30,7 @@ _INTERPRETED = interpreter_active()
 __all__ = ["embedding"]
 
 
+@cached
 @triton.jit
 def _gather_kernel(ids_ptr, weight_ptr, out_ptr, weight_stride, V, H, BLOCK_H: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
@@ -45,6 +47,7 @@ def _gather_kernel(ids_ptr, weight_ptr, out_ptr, weight_stride, V, H, BLOCK_H: t
     tl.store(dst, nan, mask=col_ok & bad)
 
 
+@cached
 @triton.jit
 def _segment_sum_kernel(grad_ptr, grad_stride, order_ptr, start_ptr, count_ptr, dw_ptr, H,
                         BLOCK_H: tl.constexpr):

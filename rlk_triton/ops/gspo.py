@@ -34,6 +34,7 @@ from .. import configs
 from .._runtime import arch_of
 from .rl_losses import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, TIS_SCOPES, _kl_and_grad
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")  # policy_loss's, in its order
 N_ROWS = 7  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum, log-ratio sum
@@ -71,6 +72,7 @@ def _gspo_token(logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, p, inb,
     return active, logp, old, tis, extra, dextra
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clip_low", "clip_high", "kl_coef", "ent_coef", "tis_cap"])
 def _gspo_rows_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr,
                       loss_ptr, s_ptr, coef_ptr, n_ptr, clipped_ptr, k3_ptr, lr_ptr,
@@ -122,6 +124,7 @@ def _gspo_rows_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, ro
     tl.store(lr_ptr + row, total)
 
 
+@cached
 @triton.jit(do_not_specialize=["B", "normalizer"])
 def _gspo_batch_kernel(loss_rows_ptr, s_ptr, n_ptr, clipped_ptr, k3_ptr, lr_ptr, out_ptr, diag_ptr, weight_ptr, B,
                        normalizer, AGG: tl.constexpr, HAS_NORMALIZER: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -177,6 +180,7 @@ def _gspo_batch_kernel(loss_rows_ptr, s_ptr, n_ptr, clipped_ptr, k3_ptr, lr_ptr,
     tl.store(diag_ptr + 5, tl.where(any_seq, -lr_total / tl.maximum(tokens, 1).to(tl.float32), 0.0))
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "kl_coef", "ent_coef", "tis_cap"])
 def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, n_ptr,
                      logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, grad_ptr, grad_ent_ptr,

@@ -34,6 +34,7 @@ from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, mat
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
@@ -83,6 +84,7 @@ def _store_halves(x, base, c0, row_ok, V_local, BLOCK_M: tl.constexpr, W: tl.con
 
 # n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
 # constant, which has no .to() (one vocab tile, V_local <= block_n).
+@cached
 @triton.jit(do_not_specialize=["inv_t", "n_tiles"])
 def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
@@ -124,6 +126,7 @@ def _tile_stats_kernel(
             _store_relative(z, m, rm, tile * BLOCK_N, row_ok, V_local, saved_ptr, stride_sn, BLOCK_M, BLOCK_N)
 
 
+@cached
 @triton.jit(do_not_specialize=["ignore_index", "n_chunks"])
 def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
                   N, n_chunks, ignore_index, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
@@ -191,6 +194,7 @@ def _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, in
         tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
 
 
+@cached
 @triton.jit(do_not_specialize=["inv_t", "c0"])
 def _dlogits_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr,
@@ -230,6 +234,7 @@ def _dlogits_kernel(
                        WITH_ENTROPY_GRAD)
 
 
+@cached
 @triton.jit(do_not_specialize=["inv_t", "c0"])
 def _dlogits_saved_kernel(
     saved_ptr, stride_sn, tile_max_ptr, target_local_ptr, row_max_ptr, row_logsum_ptr, entropy_ptr,
@@ -264,6 +269,7 @@ def _dlogits_saved_kernel(
                        d_ptr, stride_dn, dbias_part_ptr, stride_pb, pid_m, HAS_BIAS, WITH_ENTROPY_GRAD)
 
 
+@cached
 @triton.jit
 def _dbias_kernel(part_ptr, stride_pb, n_blocks, out_ptr, width, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

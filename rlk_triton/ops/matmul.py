@@ -30,6 +30,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, interpreter_active
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -147,6 +148,7 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     return pid_m, pid_n
 
 
+@cached
 @triton.jit
 def _matmul_kernel(
     a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn,
@@ -208,6 +210,7 @@ def column_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     return q0, q1, q2, q3
 
 
+@cached
 @triton.jit
 def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,

@@ -33,6 +33,7 @@ from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 # low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
 # slime's "low_var_kl"), no gradient beyond either clamp.
@@ -199,6 +200,7 @@ def _ratio_kl_tile(logp_ptr, old_ptr, ref_ptr, mask_ptr, T, HAS_MASK: tl.constex
     return p, inb, active, logp, old, ref
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clamp"])
 def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ratio_ptr, kl_ptr, T, clamp,
                          HAS_MASK: tl.constexpr, HAS_CLAMP: tl.constexpr, HAS_REF: tl.constexpr,
@@ -212,6 +214,7 @@ def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ra
         tl.store(kl_ptr + p, tl.where(active, kl, 0.0), mask=inb)
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clamp"])
 def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref_ptr, mask_ptr, grad_ptr,
                          T, clamp,
@@ -296,6 +299,7 @@ def _store_row_stats(out, loss_sum, n_active, n_clipped, kl_sum, ratio_sum, rati
     tl.store(out + 8, k1_sum, mask=mask)
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_rows_kernel(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, row_stats_ptr,
@@ -330,6 +334,7 @@ def _policy_loss_rows_kernel(
                      ratio_max, k1_sum, None)
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_tiles_kernel(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, per_token_ptr, tile_stats_ptr,
@@ -357,6 +362,7 @@ def _policy_loss_tiles_kernel(
     tl.store(out + 8, t_k1)
 
 
+@cached
 @triton.jit(do_not_specialize=["B", "n_tiles"])
 def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B: tl.constexpr):
     # Each row's tile sums folded in tile order 0, 1, ...: the rows kernel's additions, in its order,
@@ -386,6 +392,7 @@ def _policy_loss_fold_kernel(tile_stats_ptr, row_stats_ptr, B, n_tiles, BLOCK_B:
                      ratio_min, ratio_max, k1_sum, ok)
 
 
+@cached
 @triton.jit(do_not_specialize=["B", "normalizer"])
 def _policy_loss_batch_kernel(
     row_stats_ptr, B, normalizer_ptr, normalizer, loss_ptr, diag_ptr, row_weight_ptr,
@@ -461,6 +468,7 @@ def _policy_loss_batch_kernel(
         tl.store(row_weight_ptr + rows, tl.where(n > 0.0, w, 0.0), mask=inb)
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "clip_lo", "clip_hi", "dual_c", "kl_coef", "ent_coef", "tis_cap", "lr_clamp"])
 def _policy_loss_bwd_kernel(
     grad_loss_ptr, grad_token_ptr, row_weight_ptr,

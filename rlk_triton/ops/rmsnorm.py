@@ -36,6 +36,7 @@ from .._runtime import arch_of, interpreter_active
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = interpreter_active()
@@ -49,6 +50,7 @@ def _rstd(sum_of_squares, h_count, eps):
     return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sum_of_squares, h_count) + eps))
 
 
+@cached
 @triton.jit(do_not_specialize=["h_count", "eps", "weight_offset"])
 def _fwd_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
@@ -99,6 +101,7 @@ def _fwd_kernel(
     tl.store(rstd_ptr + row, rstd)
 
 
+@cached
 @triton.jit(do_not_specialize=["N", "h_count", "eps", "weight_offset"])
 def _fwd_rows_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
@@ -128,6 +131,7 @@ def _fwd_rows_kernel(
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
+@cached
 @triton.jit(do_not_specialize=["N", "h_count", "weight_offset"])
 def _bwd_kernel(
     grad_y_ptr, grad_res_ptr, h_ptr, h_row_stride, w_ptr, rstd_ptr,
@@ -206,6 +210,7 @@ def _bwd_kernel(
                     tl.store(part_row + offs, fold_products(p, g, xhat), mask=mask)
 
 
+@cached
 @triton.jit
 def _dw_reduce_kernel(partial_ptr, dw_ptr, n_blocks, H, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)

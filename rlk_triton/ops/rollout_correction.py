@@ -27,6 +27,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of
 from .rl_losses import _clip
+from .launch import cached
 
 IS_LEVELS = {"token": 0, "sequence": 1, "geometric": 2}
 IS_MODES = {"truncate": 0, "mask": 1}
@@ -59,6 +60,7 @@ def _inside(x, lo, hi, LOWER: tl.constexpr):
         return x <= hi
 
 
+@cached
 @triton.jit(do_not_specialize=["T", "is_low", "is_high", "lr_clamp"])
 def _rollout_correction_kernel(old_ptr, roll_ptr, mask_ptr, bounds_ptr, weight_ptr, keep_ptr, row_ptr,
                                T, is_low, is_high, lr_clamp,

@@ -32,6 +32,7 @@ from .. import configs
 from .._runtime import arch_of, as_device, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -92,6 +93,7 @@ def _rotate_block(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, block, n_rows, head
         tl.store(dst + j[None, :], tl.load(src + j[None, :], mask=mp), mask=mp)
 
 
+@cached
 @triton.jit(do_not_specialize=["q_rows", "k_rows", "q_blocks"])
 def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
                  q_rows, k_rows, q_heads, k_heads, q_stride_t, q_stride_h, k_stride_t, k_stride_h,

@@ -29,6 +29,7 @@ from .. import configs
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 
 @triton.jit
@@ -75,6 +76,7 @@ def _row_results(m, s, t, x_t, target, V, ignore_index, row_ok):
 
 # n_rows / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
 # constant, which has no .to().
+@cached
 @triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks", "total_rows"])
 def _fwd_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,
@@ -129,6 +131,7 @@ def _fwd_kernel(
             tl.store(out + 2 * plane, t)
 
 
+@cached
 @triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "n_rows", "n_chunks", "total_rows"])
 def _fwd_merge_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,
@@ -169,6 +172,7 @@ def _fwd_merge_kernel(
         tl.store(entropy_ptr + block, entropy, mask=ok)
 
 
+@cached
 @triton.jit(do_not_specialize=["inner_size", "temperature", "ignore_index", "total_rows"])
 def _bwd_kernel(
     logits_ptr, stride_outer, stride_inner, inner_size,

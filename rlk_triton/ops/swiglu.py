@@ -24,6 +24,7 @@ from .._runtime import arch_of
 from ..errors import DeviceError, DTypeError, LayoutError, ShapeError
 from .rmsnorm import SUPPORTED_DTYPES, check_device
 from .dispatch import autograd_op, direct
+from .launch import cached
 
 __all__ = ["swiglu"]
 
@@ -34,6 +35,7 @@ def _sigmoid(g):
     return 1.0 / (1.0 + tl.exp(-g))
 
 
+@cached
 @triton.jit
 def _fwd_kernel(gate_ptr, gate_row_stride, up_ptr, up_row_stride, y_ptr, I, BLOCK_I: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -45,6 +47,7 @@ def _fwd_kernel(gate_ptr, gate_row_stride, up_ptr, up_row_stride, y_ptr, I, BLOC
     tl.store(y_ptr + row * I + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@cached
 @triton.jit
 def _bwd_kernel(grad_y_ptr, gate_ptr, gate_row_stride, up_ptr, up_row_stride, dgate_ptr, dup_ptr, I,
                 BLOCK_I: tl.constexpr):

@@ -1,0 +1,142 @@
+"""How every kernel is launched: Triton's JIT launch, with its per-call binding skipped for argument
+signatures seen before.
+
+`kernel[grid](*args, **meta)` binds the arguments, specializes each one (dtype, 16-byte alignment,
+divisibility by 16), formats a cache key and looks up the compiled kernel on every call; for a small
+op that is a large part of its host time (scripts/gpu_host_profile.py, "launch probe" rows).
+`@cached` over `@triton.jit` gives an object launched the same way. Its first call with an argument
+signature goes through the JIT, which compiles or finds the kernel and launches it, and remembers the
+compiled kernel. Later calls with the same signature call that kernel's launcher directly with the
+arguments bound as the JIT binds them.
+
+The signature is a superset of what the JIT specializes on:
+- each tensor's dtype and whether its address is 16-byte aligned;
+- each int's range class, divisibility by 16 and equality to 1;
+- the type of each float;
+- the value of bools and None;
+- the keyword arguments (constexprs, num_warps, num_stages) with their values;
+- the current device.
+
+So a remembered kernel is the binary the JIT would pick: the same bits, by construction
+(tests/test_launch.py checks it on the GPU).
+
+Every call goes through the JIT:
+- under the interpreter (`cached` returns the interpreted function itself);
+- for arguments of other types (tensor descriptors), keyword values other than int, float, bool,
+  str and None, and NaN constexprs (a key that never equals itself would be stored on every call);
+- for a callable grid;
+- while a Triton launch hook is set (profilers);
+- with RLK_LAUNCH_CACHE=0 in the environment, or `ENABLED = False`.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - a triton without the module: nothing is wrapped
+    JITFunction = ()
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover
+    _knobs = None
+
+ENABLED = os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_U64 = 1 << 63
+_META_TYPES = (int, float, bool, str, type(None))
+
+
+def signature(args) -> tuple | None:
+    """The facts of positional kernel arguments that the JIT's specialization can depend on, or None
+    for an argument type this module does not know (then the JIT launches)."""
+    sig = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            sig.append((_I32[0] <= a <= _I32[1], a >= _U64, a & 15 == 0, a == 1))
+        elif t is float:
+            sig.append(float)
+        elif isinstance(a, torch.Tensor):
+            sig.append((a.dtype, a.data_ptr() & 15 == 0))
+        elif a is None or t is bool:
+            sig.append(a)
+        else:
+            return None
+    return tuple(sig)
+
+
+_RUNTIME = getattr(_knobs, "runtime", None)
+
+
+def _hooked() -> bool:
+    """A launch hook is set: a plain hook (older triton), or a HookChain holding one (triton >= 3.5
+    keeps empty chains there, and its own launches then call them for nothing)."""
+    if _RUNTIME is None:
+        return False
+    for hook in (_RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _raw_stream():
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
+class CachedLaunch:
+    """A JIT kernel launched as `kernel[grid](*args, **meta)`, remembering the compiled kernel per
+    argument signature. Attributes other than launching are the JIT function's."""
+
+    def __init__(self, jit):
+        self.jit = jit
+        self._params = [(p.name, p.default) for p in jit.params]
+        self._entries = {}
+        self._stream = None
+
+    def __getattr__(self, name):  # fn, params, warmup, ...: the JIT function's
+        return getattr(self.jit, name)
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launch(grid, args, meta)
+
+    def launch(self, grid, args, meta):
+        if not ENABLED or callable(grid) or _hooked():
+            return self.jit[grid](*args, **meta)
+        sig = signature(args)
+        if sig is None or any(type(v) not in _META_TYPES for v in meta.values()):
+            return self.jit[grid](*args, **meta)
+        device = torch.cuda.current_device()
+        key = (device, sig, tuple(meta.items()))
+        entry = self._entries.get(key)
+        if entry is None:
+            kernel = self.jit[grid](*args, **meta)
+            if hasattr(kernel, "result"):  # an asynchronous compile's future
+                kernel = kernel.result()
+            # The constexprs and defaults the JIT binds after the positional arguments: fixed by the key.
+            tail = tuple(meta[n] if n in meta else d for n, d in self._params[len(args):])
+            if all(v == v for v in meta.values()):
+                self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail)
+            return kernel
+        kernel, run, function, packed, tail = entry
+        if self._stream is None:
+            self._stream = _raw_stream()
+        n = len(grid)
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device), function, packed,
+            None, None, None, *args, *tail)
+        return kernel
+
+
+def cached(kernel):
+    """`@cached` above `@triton.jit`: the kernel launched through CachedLaunch on a GPU; under the
+    interpreter the interpreted function itself (nothing to save there)."""
+    if JITFunction and isinstance(kernel, JITFunction):
+        return CachedLaunch(kernel)
+    return kernel
