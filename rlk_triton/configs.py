@@ -265,12 +265,22 @@ def _matmul_rows():
     # attention_decode MUST equal attention_fwd in block_m, block_n and num_warps: the decode path
     # then runs the training forward's tiles, so a token's out / LSE are the same bits. d<=128 bf16 /
     # fp16 rows: 1.01x / 0.95x SDPA flash on the H200 (docs/reports/h200-pending-2026-12-03.json);
-    # d256 rows: smaller tiles so that q, the K/V stages and the fp32 accumulators fit (untuned).
+    # d256 forward rows: smaller tiles so that q, the K/V stages and the fp32 accumulators fit.
+    # Backward rows (dkdv, dq): a speed choice with no cross-path bit requirement, and on the H200 the
+    # tiles below gave the old tiles' bits anyway (each MMA adds its k16 steps in order, whatever the
+    # tile: docs/reports/h200-attention-tiles-2026-12-04.json). bf16 / fp16: d256 dkdv 128 x 64, 8 warps,
+    # 1 stage and dq 128 x 32, 8 warps, 3 stages: the backward 2.54x faster than 32 x 32 tiles (24.0 ->
+    # 9.5 ms at 4 x 4096, 32 / 8 heads); d<=128 dq 128 x 64, 8 warps, 3 stages: 1.06x (dkdv kept: no
+    # tile beat 64 x 64, 4 warps, 2 stages). dq's row also sets the delta preprocess launch. Other
+    # CUDA archs (less shared memory, untimed) and fp32 keep the first tiles.
+    bwd_h200 = {"d<=128": ((64, 64, 4, 2), (128, 64, 8, 3)), "d256": ((128, 64, 8, 1), (128, 32, 8, 3))}
+    bwd_first = {"d<=128": ((64, 64, 4, 2), (64, 64, 4, 2)), "d256": ((32, 32, 4, 1), (32, 32, 4, 1))}
     for arch in ("sm90", "cuda"):
-        for dt, fwd, fwd256, bwd256 in (("bfloat16", (128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 1)),
-                                        ("float16", (128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 1)),
-                                        ("float32", (64, 32, 4, 3), (32, 32, 4, 1), (32, 32, 4, 1))):
-            for bucket, f, b in (("d<=128", fwd, (64, 64, 4, 2)), ("d256", fwd256, bwd256)):
+        bwd_2byte = bwd_h200 if arch == "sm90" else bwd_first
+        for dt, fwd, fwd256, bwd in (("bfloat16", (128, 64, 8, 3), (64, 32, 4, 2), bwd_2byte),
+                                     ("float16", (128, 64, 8, 3), (64, 32, 4, 2), bwd_2byte),
+                                     ("float32", (64, 32, 4, 3), (32, 32, 4, 1), bwd_first)):
+            for bucket, f in (("d<=128", fwd), ("d256", fwd256)):
                 t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
                 for pairs in PAIR_BUCKET_NAMES:
                     t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
@@ -278,7 +288,7 @@ def _matmul_rows():
                 # 1.05x at D=256, 1.02x on a 64..4096 mix, 1.01x at 16 x 2048; at 1024 it costs 10% at
                 # 64 x 1024 (h200-attention-split-thresholds-2026-12-04.json)
                 split = 2048 if arch == "sm90" and dt != "float32" else 0
-                for kernel in ("attention_bwd_dkdv", "attention_bwd_dq"):
+                for kernel, b in zip(("attention_bwd_dkdv", "attention_bwd_dq"), bwd[bucket]):
                     t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split)
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
         for kernel in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"):

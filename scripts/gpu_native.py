@@ -28,7 +28,8 @@ def build_variant(flag: str):
     from torch.utils.cpp_extension import load as build
 
     nop = native.native_op("rmsnorm")
-    return build(name=f"rlk_native_rmsnorm_{native.source_hash('rmsnorm')}_{flag.lower()}",
+    tag = "".join(ch if ch.isalnum() else "_" for ch in flag.lower())  # a valid extension (module) name
+    return build(name=f"rlk_native_rmsnorm_{native.source_hash('rmsnorm')}_{tag}",
                  sources=[str(native.NATIVE_DIR / s) for s in nop.sources],
                  extra_cuda_cflags=[*native.BUILD_FLAGS, f"-D{flag}"], verbose=False)
 
