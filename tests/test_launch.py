@@ -23,6 +23,21 @@ def test_signature_separates_what_the_jit_specializes_on():
     assert sig((object(),)) is None  # unknown: the JIT launches
 
 
+def test_signature_of_host_tensor_descriptors():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sig = launch.signature
+    a = torch.zeros(64, 64, dtype=torch.bfloat16)
+
+    def desc(t, block=(16, 32), shape=None):
+        return TensorDescriptor(t, list(shape or t.shape), list(t.stride()), list(block))
+
+    assert sig((desc(a),)) == sig((desc(torch.ones(32, 64, dtype=torch.bfloat16)),))  # values are not facts
+    assert sig((desc(a),)) != sig((desc(a, (32, 32)),))  # the block shape
+    assert sig((desc(a),)) != sig((desc(a.float()),))
+    assert sig((desc(a),)) != sig((desc(a, shape=(64, 63)),))  # a dim not divisible by 16
+
+
 class _Param:
     def __init__(self, name, default):
         self.name, self.default = name, default

@@ -14,6 +14,8 @@ The signature is a superset of what the JIT specializes on:
 - each int's range class, divisibility by 16 and equality to 1;
 - the type of each float;
 - the value of bools and None;
+- each host tensor descriptor's base dtype and alignment, block shape, padding, and the divisibility
+  by 16 of its shape and strides (the launcher fills the TMA descriptor from it on every launch);
 - the keyword arguments (constexprs, num_warps, num_stages) with their values;
 - the current device.
 
@@ -22,7 +24,7 @@ So a remembered kernel is the binary the JIT would pick: the same bits, by const
 
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
-- for arguments of other types (tensor descriptors), keyword values other than int, float, bool,
+- for arguments of other types, keyword values other than int, float, bool,
   str and None, and NaN constexprs (a key that never equals itself would be stored on every call);
 - for a callable grid;
 - while a Triton launch hook is set (profilers);
@@ -43,6 +45,11 @@ try:
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover
     _knobs = None
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - a triton without host descriptors: such arguments go to the JIT
+    TensorDescriptor = None
 
 ENABLED = os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"
 
@@ -65,6 +72,9 @@ def signature(args) -> tuple | None:
             sig.append((a.dtype, a.data_ptr() & 15 == 0))
         elif a is None or t is bool:
             sig.append(a)
+        elif t is TensorDescriptor:  # the launcher fills the TMA descriptor from it on every launch
+            sig.append((a.base.dtype, a.base.data_ptr() & 15 == 0, tuple(a.block_shape), a.padding,
+                        tuple(v & 15 == 0 for v in a.shape), tuple(v & 15 == 0 for v in a.strides)))
         else:
             return None
     return tuple(sig)
