@@ -2,7 +2,10 @@
 same run. The rows the linear_logp issue asks for: {shape, mode, rlk_ms, eager_ms, four_gemm_bound_ms,
 gemm_bound_ms, extra_gib, eager_extra_gib, bitwise_logp_vs_recompute}.
 
-    python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S]
+    python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S] [--shapes NxHxV ...]
+        [--sweep CHUNK_V:PER_PASS ...] [--profile]
+
+rlk_ms: CUDA-graph device time; rlk_wall_ms / wall_ms: eager calls from the host (host time included).
 
 The bound is torch.matmul alone on the operator's shapes: the logits, their recompute (saved=
 "recompute" only), d hidden = dlogits @ W and d weight = dlogits^T @ hidden; no softmax work. The
@@ -37,7 +40,10 @@ def main():
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
     ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes")
+    ap.add_argument("--shapes", nargs="*", default=None, metavar="NxHxV",
+                    help="only these shapes (default: all); --sweep and --profile then run at the first of them")
     args = ap.parse_args()
+    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in sh.split("x")) for sh in args.shapes]
     t0 = time.time()
     rows = []
     report = {"what": "linear_logp fwd+bwd: saved='recompute' and saved='logits' against eager torch and the "
@@ -46,7 +52,7 @@ def main():
               "date": time.strftime("%Y-%m-%d"), "rows": rows, "chunk_sweep": [], "kernels": {}}
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
-    for N, H, V in SHAPES:
+    for N, H, V in shapes:
         if time.time() - t0 > args.time_box:
             break
         h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
@@ -74,11 +80,13 @@ def main():
             logp = fn(h, w, t).detach()  # no autograd graph kept alive into the capture
             grads = fb(fn)()
             ms = graph_ms(fb(fn))
+            wall = bench.wall_ms(fb(fn))
             gib = peak_extra_mib(fb(fn), "cuda") / 1024
             base_grads[saved] = grads
             if ref is None:
                 ref = (logp, grads)
-            rows.append({"shape": f"{N} x {H} x {V}", "mode": saved, "rlk_ms": ms, "eager_ms": eager_ms,
+            rows.append({"shape": f"{N} x {H} x {V}", "mode": saved, "rlk_ms": ms, "rlk_wall_ms": wall,
+                         "eager_ms": eager_ms,
                          "vs_eager": eager_ms / ms, "gemm_bound_ms": bound[saved],
                          "four_gemm_bound_ms": bound["recompute"], "of_bound": bound[saved] / ms,
                          "extra_gib": gib, "eager_extra_gib": eager_gib,
@@ -86,7 +94,7 @@ def main():
                          "bitwise_logp_vs_recompute": torch.equal(logp, ref[0]),
                          "max_abs_dhidden_vs_recompute": (grads[0].float() - ref[1][0].float()).abs().max().item()})
             print(rows[-1], flush=True)
-        if (N, H, V) == SHAPES[0]:
+        if (N, H, V) == shapes[0]:
             key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
             locked = configs.LOCKED_CONFIGS[key]
             dh_key = ("linear_logp_dhidden",) + key[1:]
@@ -100,9 +108,11 @@ def main():
                     fn = partial(linear_logp, validate=False, saved=saved)
                     grads = fb(fn)()
                     ms = graph_ms(fb(fn))
+                    wall = bench.wall_ms(fb(fn))
                     same = (c == locked.chunk_v and all(torch.equal(x, y) for x, y in zip(grads, base_grads[saved])))
                     report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": saved, "chunk_v": c,
-                                                  "chunks_per_pass": per, "dhidden_tiles": str(configs.LOCKED_CONFIGS[dh_key]), "rlk_ms": ms, "vs_eager": eager_ms / ms,
+                                                  "chunks_per_pass": per, "dhidden_tiles": str(configs.LOCKED_CONFIGS[dh_key]), "rlk_ms": ms,
+                                                  "wall_ms": wall, "vs_eager": eager_ms / ms,
                                                   "of_bound": bound[saved] / ms, "bitwise_vs_locked": same,
                                                   "extra_gib": peak_extra_mib(fb(fn), "cuda") / 1024})
                     print(report["chunk_sweep"][-1], flush=True)
