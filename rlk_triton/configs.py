@@ -50,6 +50,10 @@ class MatmulConfig:
     # 1 in the table: 4 and 8 (with 128 x 128 d hidden tiles, which fit two fp32 tiles per thread)
     # were within 1-2% on the H200 (docs/reports/h200-linear-logp-2026-12-04.json).
     chunks_per_pass: int = 1
+    # linear_logp backward: chunks per pass when the call has at most SMALL_PASS_ROWS rows (0 = as
+    # chunks_per_pass). Any count gives the same bits (above), so it may follow the rows: a small call's
+    # passes are short and their launches' host time shows (docs/linear_logp.md).
+    small_rows_chunks_per_pass: int = 0
     # linear_logp's fused kernels: persistent programs (one per SM, tiles in grid order) reading the
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
@@ -236,8 +240,13 @@ def _matmul_rows():
                 t[("matmul", arch, dt, bucket)] = _SMALL_M[arch].get(
                     bucket, MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma))
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
+            # N <= SMALL_PASS_ROWS: 8 chunks per pass. At N 1024 (H 4096, V 151936) the eager fwd+bwd wall
+            # went 9.9 -> 8.7 ms (recompute) and 9.4 -> 7.0 ms (saved logits) at the same device time and
+            # bits; at N 4096-8192 more chunks per pass cost 0.3-1.9% device time
+            # (docs/reports/h200-linear-logp-passes-2026-12-04.json, h200-linear-logp-2026-12-04.json).
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
-                                                                       persistent_tma=tma)
+                                                                       persistent_tma=tma,
+                                                                       small_rows_chunks_per_pass=8)
             # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
             # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
             # same bits (docs/reports/h200-round4-2026-12-03.json). d weight stays on the pointer
@@ -340,6 +349,9 @@ def _decode_row(arch, dt, d_bucket, bucket, fwd):
 
 
 LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = {**_rows(), **_matmul_rows()}
+
+# MatmulConfig.small_rows_chunks_per_pass applies to calls of at most this many rows.
+SMALL_PASS_ROWS = 2048
 
 
 def v_bucket(V: int) -> str:

@@ -137,6 +137,21 @@ def test_chunks_per_pass_gives_the_chunk_by_chunk_bits(device, saved, monkeypatc
             assert torch.equal(x, y)
 
 
+def test_small_calls_take_the_small_rows_chunks_per_pass():
+    """configs.small_rows_chunks_per_pass: calls of at most SMALL_PASS_ROWS rows take it, larger ones
+    the table's chunks_per_pass (the bits are the same either way: the test above)."""
+    import dataclasses
+
+    from rlk_triton.ops.linear_logp import pass_chunks
+
+    cfg = dataclasses.replace(configs.MatmulConfig(16, 64, 32, 4, 4, 1), chunks_per_pass=2, small_rows_chunks_per_pass=8)
+    assert pass_chunks(cfg, 1) == pass_chunks(cfg, configs.SMALL_PASS_ROWS) == 8
+    assert pass_chunks(cfg, configs.SMALL_PASS_ROWS + 1) == 2
+    assert pass_chunks(dataclasses.replace(cfg, small_rows_chunks_per_pass=0), 1) == 2
+    sm90 = configs.LOCKED_CONFIGS[("linear_logp_dlogits", "sm90", "bfloat16", "any")]
+    assert pass_chunks(sm90, 1024) == 8 and pass_chunks(sm90, 8192) == 1
+
+
 def test_logp_does_not_depend_on_asking_for_entropy(device):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True), device)
     lp = linear_logp(hidden, weight, targets, bias=bias, temperature=0.8)
