@@ -74,3 +74,14 @@ def test_fused_kernel_tiles_are_row_count_free_and_chunks_whole_tiles():
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             assert configs.lookup_matmul("linear_logp_dlogits", arch, dt).chunk_v % \
                 configs.lookup_matmul("linear_logp_fwd", arch, dt).block_n == 0
+
+
+def test_attention_dkdv_tiles_have_at_least_as_many_query_rows_as_keys():
+    """On the H200, dk / dv tiles of 32 query rows against 64 or 128 keys (D 128, bf16) gave dk that
+    changed from run to run, 13-40% off (docs/reports/h200-attention-tiles-2026-12-04.json, not
+    isolated: the kernel has one writer per element). No locked row may be of that shape; a new row
+    passes scripts/gpu_attention_tiles.py's determinism check first."""
+    rows = {k: c for k, c in configs.LOCKED_CONFIGS.items() if k[0] == "attention_bwd_dkdv"}
+    assert rows
+    for key, cfg in rows.items():
+        assert cfg.block_m >= cfg.block_n, (key, cfg)
