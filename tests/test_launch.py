@@ -220,3 +220,14 @@ def test_one_signature_is_one_jit_specialization():
         spec = str(binder(*args, BLOCK=64)[1])
         assert seen.setdefault(sig, spec) == spec, (args, spec, seen[sig])
     assert len(set(seen.values())) > 50  # the cases do reach many specializations
+
+
+def test_host_cdiv_and_next_power_of_2_are_tritons():
+    import triton
+
+    values = list(range(-5, 5000)) + [2 ** k + d for k in range(13, 40) for d in (-1, 0, 1)]
+    for n in values:
+        assert launch.next_power_of_2(n) == triton.next_power_of_2(n), n
+    for x in values[:3000]:
+        for y in (1, 2, 3, 16, 64, 4096):
+            assert launch.cdiv(x, y) == triton.cdiv(x, y), (x, y)

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
-from .launch import cached
+from .launch import cached, cdiv
 
 def _locked(kernel: str, device: torch.device):
     """(block, num_warps) from the locked table (rlk_triton/configs.py); never depends on B or T."""
@@ -258,7 +258,7 @@ def launch_masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: boo
                                           EPS_ON_VAR=eps_on_var, BLOCK_B=fold, num_warps=fold_warps)
     if B and T:
         block, warps = _locked("rl_policy_loss_bwd", dev)
-        _whiten_apply_kernel[(B, triton.cdiv(T, block))](values, mask_u8, stats, out, T, SHIFT_MEAN=shift_mean,
+        _whiten_apply_kernel[(B, cdiv(T, block))](values, mask_u8, stats, out, T, SHIFT_MEAN=shift_mean,
                                                            BLOCK_T=block, num_warps=warps)
     return out, stats
 
@@ -309,7 +309,7 @@ def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, 
     B = scores.numel()
     if B:
         block, warps = _locked("group_stats", scores.device)
-        _group_advantage_kernel[(triton.cdiv(B, block),)](
+        _group_advantage_kernel[(cdiv(B, block),)](
             scores, group_ids, valid_u8, mean, m2, count, out, B, float(eps),
             MODE=MODES[mode], SINGLETON_RAW=singleton == "raw", BLOCK_B=block, num_warps=warps)
     return out, mean, m2, count

@@ -45,7 +45,7 @@ from .. import configs
 from .._runtime import arch_of
 from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -548,7 +548,7 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
     cfg = cfg or _cfg("attention_fwd", q)
     lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
     upcast, ieee = operand_flags(q.dtype)
-    grid = (max(1, triton.cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
+    grid = (max(1, cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
     _fwd_kernel[grid](
         q, k, v, out, lse, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -578,7 +578,7 @@ def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q,
     cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2], max_seqlen_q * group)
     heads = decode_heads(cfg, group)
     upcast, ieee = operand_flags(q.dtype)
-    grid = (max(1, triton.cdiv(max_seqlen_q * heads, cfg.block_m)), B, Hq // heads)
+    grid = (max(1, cdiv(max_seqlen_q * heads, cfg.block_m)), B, Hq // heads)
     n_pages = k_cache.shape[0]
     max_pages = block_table.shape[1] if n_pages else 0  # no page to read: every length clamps to 0
     _decode_kernel[grid](
@@ -603,7 +603,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     cq = _cfg("attention_bwd_dq", q)
     ckv = _cfg("attention_bwd_dkdv", q)
     delta = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
-    _bwd_preprocess_kernel[(triton.cdiv(N, cq.block_m), Hq)](
+    _bwd_preprocess_kernel[(cdiv(N, cq.block_m), Hq)](
         out, dout, dlse if dlse is not None else delta, delta, N, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), dlse.stride(0) if dlse is not None else 0, delta.stride(0),
         HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_T=cq.block_m, num_warps=cq.num_warps)
@@ -615,13 +615,13 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     # 64 x 1024 at a 2048 threshold: 0.77x). Same bits both ways (the rule is per sequence).
     split_kv = 0 < ckv.split_min_len <= max_seqlen
     split_q = 0 < cq.split_min_len <= max_seqlen
-    _bwd_dkdv_kernel[(max(1, triton.cdiv(max_seqlen, ckv.block_n)), S, Hkv)](
+    _bwd_dkdv_kernel[(max(1, cdiv(max_seqlen, ckv.block_n)), S, Hkv)](
         q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale * LOG2E, scale, N, ckv.split_min_len, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
         SPLIT=split_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
-    _bwd_dq_kernel[(max(1, triton.cdiv(max_seqlen, cq.block_m)), S, Hq)](
+    _bwd_dq_kernel[(max(1, cdiv(max_seqlen, cq.block_m)), S, Hq)](
         q, k, v, dout, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),

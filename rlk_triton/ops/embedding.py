@@ -19,7 +19,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -80,7 +80,7 @@ def _segment_sum_kernel(grad_ptr, grad_stride, order_ptr, start_ptr, count_ptr, 
 def _block(kernel, weight_dtype, H, device) -> tuple[int, int]:
     cfg = configs.lookup(kernel, arch_of(device), weight_dtype, H)
     # a tile wider than the row only adds masked lanes; the result never depends on it
-    return min(cfg.block_v, triton.next_power_of_2(max(H, 1))), cfg.num_warps
+    return min(cfg.block_v, next_power_of_2(max(H, 1))), cfg.num_warps
 
 
 def launch_forward(token_ids, weight):
@@ -93,7 +93,7 @@ def launch_forward(token_ids, weight):
     if N == 0 or H == 0:
         return out
     block, warps = _block("embedding_fwd", weight.dtype, H, weight.device)
-    _gather_kernel[(N, triton.cdiv(H, block))](token_ids, weight, out, weight.stride(0), V, H,
+    _gather_kernel[(N, cdiv(H, block))](token_ids, weight, out, weight.stride(0), V, H,
                                                BLOCK_H=block, num_warps=warps)
     return out
 
@@ -123,7 +123,7 @@ def launch_backward(grad_out, token_ids, V: int, padding_idx: int, weight_dtype)
         return dw
     order, start, count = segments(token_ids, V, padding_idx)
     block, warps = _block("embedding_bwd", weight_dtype, H, grad_out.device)
-    _segment_sum_kernel[(V, triton.cdiv(H, block))](grad_out, grad_out.stride(0), order, start, count, dw, H,
+    _segment_sum_kernel[(V, cdiv(H, block))](grad_out, grad_out.stride(0), order, start, count, dw, H,
                                                     BLOCK_H=block, num_warps=warps)
     return dw
 

@@ -34,7 +34,7 @@ from .. import configs
 from .._runtime import arch_of
 from .rl_losses import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, TIS_SCOPES, _kl_and_grad
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv
 
 DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")  # policy_loss's, in its order
 N_ROWS = 7  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum, log-ratio sum
@@ -282,7 +282,7 @@ def gspo_loss_bwd(grad_loss: torch.Tensor, grad_rows: torch.Tensor, weight: torc
     if B and T:
         cfg = _cfg("rl_policy_loss_bwd", mask.device)
         opt = lambda x: logp if x is None else x  # noqa: E731
-        _gspo_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+        _gspo_bwd_kernel[(B, cdiv(T, cfg.block_v))](
             grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, opt(ref_logp), opt(entropy),
             opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
             *_token_args(kl_coef, entropy_coef, tis_cap),

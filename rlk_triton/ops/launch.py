@@ -144,6 +144,17 @@ class CachedLaunch:
         return kernel
 
 
+def cdiv(x: int, y: int) -> int:
+    """triton.cdiv for host code: the same value without the constexpr wrapper that triton >= 3.5 puts
+    around it (about 2 us a call on a CPU; launchers make several per call)."""
+    return (x + y - 1) // y
+
+
+def next_power_of_2(n: int) -> int:
+    """triton.next_power_of_2 for host code: the smallest power of 2 >= n, 0 for n <= 0 (as Triton's)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def cached(kernel):
     """`@cached` above `@triton.jit`: the kernel launched through CachedLaunch on a GPU; under the
     interpreter the interpreted function itself (nothing to save there)."""

@@ -34,7 +34,7 @@ from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, mat
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
@@ -295,7 +295,7 @@ def pass_chunks(cfg: configs.MatmulConfig, n_rows: int) -> int:
 
 
 def chunk_count(V_local: int, chunk_v: int) -> int:
-    return triton.cdiv(V_local, chunk_v)
+    return cdiv(V_local, chunk_v)
 
 
 def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Tensor):
@@ -323,13 +323,13 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
     N, H = hidden.shape
     V_local = weight.shape[0]
     cfg = tile_config("linear_logp_fwd", hidden)
-    n_tiles = triton.cdiv(V_local, cfg.block_n)
+    n_tiles = cdiv(V_local, cfg.block_n)
     stats = torch.empty((N_STATS, n_tiles, N), dtype=torch.float32, device=hidden.device)
     if N == 0 or n_tiles == 0:
         return stats
     upcast, ieee = operand_flags(hidden.dtype)
     x_desc, w_desc, desc = _operands(cfg, hidden, weight)
-    n_progs = _programs(desc, hidden.device, triton.cdiv(N, cfg.block_m) * n_tiles)
+    n_progs = _programs(desc, hidden.device, cdiv(N, cfg.block_m) * n_tiles)
     _tile_stats_kernel[(n_progs,)](
         hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
         target_local, stats, saved if saved is not None else stats, saved.stride(0) if saved is not None else 0,
@@ -362,7 +362,7 @@ def merge(stats, target, ignore_index: int, with_entropy: bool):
     logp, row_max, row_logsum = (torch.empty(N, dtype=torch.float32, device=dev) for _ in range(3))
     entropy = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
     if N:
-        _merge_kernel[(triton.cdiv(N, MERGE_BLOCK),)](
+        _merge_kernel[(cdiv(N, MERGE_BLOCK),)](
             stats, target, logp, entropy if with_entropy else logp, row_max, row_logsum,
             N, n_chunks, ignore_index, WITH_ENTROPY=with_entropy, BLOCK=MERGE_BLOCK, num_warps=4,
         )
@@ -397,7 +397,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
         return (acc.to(dt) if final else acc), grad_weight, grad_bias
     P = C * pass_chunks(cfg, N)  # vocab columns per pass (whole chunks)
     d_logits = torch.empty((N, min(P, V_local)), dtype=dt, device=dev)
-    n_row_blocks = triton.cdiv(N, cfg.block_m)
+    n_row_blocks = cdiv(N, cfg.block_m)
     dbias_part = (torch.empty((n_row_blocks, d_logits.shape[1]), dtype=torch.float32, device=dev)
                   if bias is not None else row_max)
     with_h = grad_entropy is not None
@@ -411,12 +411,12 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             raise RuntimeError("configs: saved logits need linear_logp_dlogits' tiles equal to the forward's "
                                f"and chunk_v a multiple of block_n (fwd {fwd}, dlogits {cfg})")
     acc = acc_in
-    n_passes = triton.cdiv(V_local, P)
+    n_passes = cdiv(V_local, P)
     for c in range(n_passes):  # increasing vocab order: chunks, and passes of whole chunks
         c0 = c * P
         width = min(P, V_local - c0)
         if saved is not None:
-            _dlogits_saved_kernel[(n_row_blocks, triton.cdiv(width, cfg.block_n))](
+            _dlogits_saved_kernel[(n_row_blocks, cdiv(width, cfg.block_n))](
                 saved, saved.stride(0), tile_max, target_local, row_max, row_logsum, entropy if with_h else row_max,
                 grad_logp, grad_entropy if with_h else grad_logp,
                 d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
@@ -425,7 +425,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
                 PIECES=min(8, cfg.block_n // 8), num_warps=cfg.num_warps,
             )
         else:
-            n_progs = _programs(desc, dev, n_row_blocks * triton.cdiv(width, cfg.block_n))
+            n_progs = _programs(desc, dev, n_row_blocks * cdiv(width, cfg.block_n))
             _dlogits_kernel[(n_progs,)](
                 hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc,
                 bias if bias is not None else weight, target_local, row_max, row_logsum, entropy if with_h else row_max,
@@ -448,7 +448,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
         matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg, fold_k=C)  # chunk by chunk
         acc = out
         if bias is not None:
-            _dbias_kernel[(triton.cdiv(width, 1024),)](
+            _dbias_kernel[(cdiv(width, 1024),)](
                 dbias_part, dbias_part.stride(0), n_row_blocks, grad_bias[c0:c0 + width], width,
                 BLOCK=1024, num_warps=4,
             )
@@ -489,7 +489,7 @@ def linear_logp_fwd(
 def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_logits):
     n, V = hidden.shape[0], weight.shape[0]
     f = lambda k: hidden.new_empty(k, dtype=torch.float32)  # noqa: E731
-    tiles = triton.cdiv(V, tile_config("linear_logp_fwd", hidden).block_n)
+    tiles = cdiv(V, tile_config("linear_logp_fwd", hidden).block_n)
     return (f(n), f(n if with_entropy else 0), f(n), f(n),
             hidden.new_empty((n, V) if save_logits else (0, 0), dtype=saved_dtype(hidden.dtype)),
             f((tiles, n) if save_logits else (0, n)))

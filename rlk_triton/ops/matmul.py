@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import configs
 from .._runtime import arch_of, interpreter_active
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -312,7 +312,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     if cfg.persistent_tma and tma_ready(a, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        n_items = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        n_items = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         n_progs = persistent_programs(a.device, n_items)
         _matmul_desc_kernel[(n_progs,)](
             TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
@@ -323,7 +323,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
     _matmul_kernel[grid](
         a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
         c, c.stride(0), c.stride(1), out, out.stride(0), out.stride(1), bias if bias is not None else out,

@@ -33,7 +33,7 @@ from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv
 
 # low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
 # slime's "low_var_kl"), no gradient beyond either clamp.
@@ -507,7 +507,7 @@ def launch_ratio_kl_forward(logp, old_logp, ref_logp, mask, kl_estimator, log_ra
     if B * T == 0:
         return log_ratio, ratio, kl
     cfg = config("rl_ratio_kl_fwd", logp.device)
-    _ratio_kl_fwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+    _ratio_kl_fwd_kernel[(B, cdiv(T, cfg.block_v))](
         logp, old_logp, ref_logp if ref_logp is not None else logp, mask if mask is not None else logp,
         log_ratio, ratio, kl if ref_logp is not None else logp, T,
         float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0,
@@ -525,7 +525,7 @@ def launch_ratio_kl_backward(g_lr, g_ratio, g_kl, logp, old_logp, ref_logp, mask
         return grad
     cfg = config("rl_ratio_kl_bwd", logp.device)
     has_ref = ref_logp is not None
-    _ratio_kl_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+    _ratio_kl_bwd_kernel[(B, cdiv(T, cfg.block_v))](
         g_lr, g_ratio, g_kl if has_ref else g_lr, logp, old_logp, ref_logp if has_ref else logp,
         mask if mask is not None else logp, grad, T,
         float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0,
@@ -574,7 +574,7 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
     token = (*_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp),)
     flags = _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
                          log_ratio_clamp)
-    n_tiles = triton.cdiv(T, cfg.block_v)
+    n_tiles = cdiv(T, cfg.block_v)
     if config("rl_policy_loss_split", dev).block_v and n_tiles > 0:
         # (row, tile) programs, then an in-order fold per row: the rows kernel's bits, B x tiles
         # programs instead of B
@@ -584,7 +584,7 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
             BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         fold = config("rl_policy_loss_batch", dev)
-        _policy_loss_fold_kernel[(triton.cdiv(B, fold.block_v),)](
+        _policy_loss_fold_kernel[(cdiv(B, fold.block_v),)](
             tile_stats, row_stats, B, n_tiles, BLOCK_B=fold.block_v, num_warps=fold.num_warps,
         )
     else:
@@ -614,7 +614,7 @@ def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old
     if B * T == 0:
         return grad_logp, grad_ent
     cfg = config("rl_policy_loss_bwd", logp.device)
-    _policy_loss_bwd_kernel[(B, triton.cdiv(T, cfg.block_v))](
+    _policy_loss_bwd_kernel[(B, cdiv(T, cfg.block_v))](
         grad_loss, grad_per_token if grad_per_token is not None else logp, row_weight,
         logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
         entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,

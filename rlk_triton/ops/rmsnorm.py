@@ -36,7 +36,7 @@ from .._runtime import arch_of, interpreter_active
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = interpreter_active()
@@ -233,7 +233,7 @@ def _cfg(kernel: str, x: torch.Tensor, H: int) -> configs.LaunchConfig:
 def hidden_tile(cfg: configs.LaunchConfig, H: int) -> int:
     """The tile over the hidden dim: a function of H and the locked config only (at least 16 lanes:
     masked lanes add exact zeros, and tiny tiles are avoided on the GPU)."""
-    return min(max(triton.next_power_of_2(H), 16), cfg.block_v)
+    return min(max(next_power_of_2(H), 16), cfg.block_v)
 
 
 def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None):
@@ -250,7 +250,7 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
     has_res = residual is not None
     rows = rows_per_program or _cfg("rmsnorm_fwd_rows", x, H).block_v
     if rows > 1 and block >= H:
-        _fwd_rows_kernel[(triton.cdiv(N, rows),)](
+        _fwd_rows_kernel[(cdiv(N, rows),)](
             x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
             y, res_out if has_res else y, rstd,
             N, H, float(H), float(eps), float(weight_offset),
@@ -287,7 +287,7 @@ def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, w
     R = rows_per_block or _cfg("rmsnorm_dw_rows", h, H).block_v
     block = hidden_tile(cfg, H)
     one_tile = block >= H
-    n_blocks = triton.cdiv(N, R)
+    n_blocks = cdiv(N, R)
     if with_dw:
         alloc = torch.empty if one_tile else torch.zeros
         partial = alloc((n_blocks, H), dtype=torch.float32, device=h.device)
@@ -306,8 +306,8 @@ def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, w
         red = _cfg("rmsnorm_dw_reduce", h, H)
         lanes = reduce_block or red.block_v
         # columns per program: elementwise across columns, so it never changes a result
-        cols = min(triton.next_power_of_2(H), max(16, 2048 // lanes))
-        _dw_reduce_kernel[(triton.cdiv(H, cols),)](
+        cols = min(next_power_of_2(H), max(16, 2048 // lanes))
+        _dw_reduce_kernel[(cdiv(H, cols),)](
             partial, dw, n_blocks, H, BLOCK_B=lanes, BLOCK_C=cols,
             num_warps=red.num_warps, num_stages=red.num_stages,
         )

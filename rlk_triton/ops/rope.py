@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, as_device, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -127,15 +127,15 @@ def launch(q, k, cos, sin, position_ids, interleaved: bool, inverse: bool):
         return q_out, k_out
     cfg = configs.lookup("rope", arch_of(q.device), q.dtype, D)
     block = cfg.block_v
-    q_blocks = triton.cdiv(q_rows, block)
+    q_blocks = cdiv(q_rows, block)
     kk = k if k is not None else q
-    grid = (q_blocks + triton.cdiv(k_rows, block),)
+    grid = (q_blocks + cdiv(k_rows, block),)
     _rope_kernel[grid](
         q, kk, q_out, k_out if k is not None else q_out, position_ids, cos, sin,
         q_rows, k_rows, H, kk.shape[1], q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
         cos.shape[0], q_blocks,
-        HALF=half, D=D, HALF_PAD=triton.next_power_of_2(max(half, 1)),
-        PASS_PAD=triton.next_power_of_2(D - 2 * half) if D > 2 * half else 0,
+        HALF=half, D=D, HALF_PAD=next_power_of_2(max(half, 1)),
+        PASS_PAD=next_power_of_2(D - 2 * half) if D > 2 * half else 0,
         INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_R=block,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

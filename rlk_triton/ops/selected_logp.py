@@ -29,7 +29,7 @@ from .. import configs
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -248,7 +248,7 @@ MERGE_ROWS = 32
 
 def chunk_count(V: int, chunk_v: int) -> int:
     """Vocab chunks of a row: a function of V and the locked chunk width only (one for V = 0)."""
-    return max(triton.cdiv(V, chunk_v), 1)
+    return max(cdiv(V, chunk_v), 1)
 
 
 def total_rows(logits: torch.Tensor) -> int:
@@ -301,8 +301,8 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not finish:
-        _fwd_merge_kernel[(triton.cdiv(n, MERGE_ROWS),)](
-            *args, **flags, BLOCK_ROWS=MERGE_ROWS, CHUNKS=triton.next_power_of_2(n_chunks), num_warps=split.num_warps,
+        _fwd_merge_kernel[(cdiv(n, MERGE_ROWS),)](
+            *args, **flags, BLOCK_ROWS=MERGE_ROWS, CHUNKS=next_power_of_2(n_chunks), num_warps=split.num_warps,
         )
     return logp, entropy, row_max, row_logsum
 
@@ -322,7 +322,7 @@ def launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temp
     lg, so, si, inner = row_layout(logits)
     t_ptr, t_val, per_row = _temperature_args(temperature, temperature_rows, row_max)
     with_h = grad_entropy is not None
-    _bwd_kernel[(n, triton.cdiv(V, cfg.block_v))](
+    _bwd_kernel[(n, cdiv(V, cfg.block_v))](
         lg, so, si, inner,
         target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
         row_max, row_logsum, entropy if with_h else row_max,

@@ -24,7 +24,7 @@ from .._runtime import arch_of
 from ..errors import DeviceError, DTypeError, LayoutError, ShapeError
 from .rmsnorm import SUPPORTED_DTYPES, check_device
 from .dispatch import autograd_op, direct
-from .launch import cached
+from .launch import cached, cdiv, next_power_of_2
 
 __all__ = ["swiglu"]
 
@@ -66,8 +66,8 @@ def _bwd_kernel(grad_y_ptr, gate_ptr, gate_row_stride, up_ptr, up_row_stride, dg
 
 def _grid_block(kernel: str, t: torch.Tensor, N: int, I: int, cfg=None):
     cfg = cfg or configs.lookup(kernel, arch_of(t.device), t.dtype, I)
-    block = min(max(triton.next_power_of_2(I), 16), cfg.block_v)
-    return (N, triton.cdiv(I, block)), block, cfg
+    block = min(max(next_power_of_2(I), 16), cfg.block_v)
+    return (N, cdiv(I, block)), block, cfg
 
 
 def launch_forward(gate, up, cfg=None):
