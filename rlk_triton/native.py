@@ -87,15 +87,10 @@ def _rmsnorm_triton(x, w, eps, offset):
 
 
 def _rmsnorm_native(ext, x, w, eps, offset):
+    from .ops.launch import stream_handle
+
     block, warps, vec, rows = _rmsnorm_config(x)
-    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows, _stream_handle(x.device)))
-
-
-def _stream_handle(device: torch.device) -> int:
-    """The current CUDA stream of `device` as the integer the bindings take (the raw handle Triton's
-    launcher reads too; torch.cuda.current_stream() builds a Stream object first)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows, stream_handle(x.device.index)))
 
 
 def _rmsnorm_cases(device) -> list:

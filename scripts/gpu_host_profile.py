@@ -59,13 +59,12 @@ def direct_launcher(jit_fn, grid, args, kwargs, ck):
     bound = [args[i] if i < len(args) else kwargs.get(p.name, p.default) for i, p in enumerate(jit_fn.params)]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     device = torch.cuda.current_device()
-    raw_stream = torch._C._cuda_getCurrentRawStream
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
 
-    def launch():
-        ck.run(grid[0], grid[1], grid[2], raw_stream(device), ck.function, ck.packed_metadata, None,
+    def direct():
+        ck.run(grid[0], grid[1], grid[2], launch.stream_handle(device), ck.function, ck.packed_metadata, None,
                enter, leave, *bound)
-    return launch
+    return direct
 
 
 def launch_probe(name, fn):

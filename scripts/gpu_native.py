@@ -20,6 +20,7 @@ import torch
 import triton
 
 from rlk_triton import bench, native
+from rlk_triton.ops import launch
 from rlk_triton.ops.rmsnorm import rms_norm
 
 
@@ -62,11 +63,11 @@ def main():
         w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
         want = nop.triton(x, w, 1e-6, 0.0)
         layout = native._rmsnorm_config(x)
-        stream = native._stream_handle
+        stream = launch.stream_handle
         calls = {"triton launch": lambda: nop.triton(x, w, 1e-6, 0.0),
                  "native launch": lambda: nop.native(ext, x, w, 1e-6, 0.0),
                  # the stream read in the call: a handle read once would launch outside a graph's capture
-                 "bare extension call": lambda: ext.rms_norm_fwd(x, w, 1e-6, 0.0, *layout, stream(x.device)),
+                 "bare extension call": lambda: ext.rms_norm_fwd(x, w, 1e-6, 0.0, *layout, stream(x.device.index)),
                  "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6)}
         for name, mod in variants.items():
             calls[name] = lambda mod=mod: nop.native(mod, x, w, 1e-6, 0.0)

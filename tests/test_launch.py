@@ -71,7 +71,7 @@ class _Jit:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_raw_stream", lambda: (lambda device: 1234))
+    monkeypatch.setattr(launch, "stream_handle", lambda device: 1234)
     monkeypatch.setattr(launch, "ENABLED", True)
 
 

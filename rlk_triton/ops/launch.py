@@ -94,11 +94,16 @@ def _hooked() -> bool:
     return False
 
 
-def _raw_stream():
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw
-    return lambda device: torch.cuda.current_stream(device).cuda_stream
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream_handle(device: int) -> int:
+    """The current CUDA stream of device index `device` as an integer, what launchers and the native
+    bindings take: the raw handle Triton's launcher reads (torch.cuda.current_stream() builds a Stream
+    object first)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class CachedLaunch:
@@ -109,7 +114,6 @@ class CachedLaunch:
         self.jit = jit
         self._params = [(p.name, p.default) for p in jit.params]
         self._entries = {}
-        self._stream = None
 
     def __getattr__(self, name):  # fn, params, warmup, ...: the JIT function's
         return getattr(self.jit, name)
@@ -136,10 +140,8 @@ class CachedLaunch:
                 self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail)
             return kernel
         kernel, run, function, packed, tail = entry
-        if self._stream is None:
-            self._stream = _raw_stream()
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device), function, packed,
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream_handle(device), function, packed,
             None, None, None, *args, *tail)
         return kernel
 
