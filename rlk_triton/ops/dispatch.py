@@ -30,7 +30,8 @@ def _traced(args) -> bool:
     return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
 
 
-def _wants_grad(args) -> bool:
+def wants_grad(args) -> bool:
+    """True when a call on these arguments would record an autograd graph."""
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
@@ -60,7 +61,7 @@ def autograd_op(op, backward: Callable, setup_context: Callable) -> Callable:
             raise TypeError(f"rlk_triton::{name} takes all {n_args} arguments positionally, got {len(args)}")
         if _traced(args):
             return op(*args)
-        if _wants_grad(args):
+        if wants_grad(args):
             return Eager.apply(*args)
         return impl(*args)
 
@@ -80,7 +81,7 @@ def direct(op) -> Callable:
         return op
 
     def call(*args):
-        if _traced(args) or _wants_grad(args):
+        if _traced(args) or wants_grad(args):
             return op(*args)
         return impl(*args)
 

@@ -35,7 +35,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
-from .dispatch import autograd_op, direct
+from .dispatch import autograd_op, direct, wants_grad
 from .launch import cached, cdiv, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -453,7 +453,7 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     if rows.data_ptr() % 16 or weight.data_ptr() % 16:
         # the native layout is the Triton kernel's for 16-byte aligned x and weight only (docs/native.md)
         raise BackendError("backend", "cuda_native needs x and the weight 16-byte aligned: use backend='triton'")
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if wants_grad((x, weight)):
         y, _, _ = _NativeForward.apply(rows, weight, None, eps, weight_offset)
     else:  # a rollout: no graph to record, so not the autograd.Function's host time either
         y, _ = native.rms_norm_fwd(rows, weight, eps, weight_offset)
