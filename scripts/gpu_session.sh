@@ -3,7 +3,7 @@
 # gate and latency (gpu_native.py), host overhead (gpu_host_overhead.py), linear_logp's modes against
 # eager and the GEMM bound (gpu_linear_logp.py), the attention backward split thresholds and SDPA rows
 # (gpu_attention_split.py), a host-time profile (gpu_host_profile.py), the attention backward tile sweep
-# (gpu_attention_tiles.py). Each step has its own time box; everything lands under $OUT.
+# (gpu_attention_tiles.py), the attention forward's Hopper levers (gpu_attention_fwd_levers.py). Each step has its own time box; everything lands under $OUT.
 #   RLK_COMMIT=<sha> [STEPS="tests native host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -30,6 +30,8 @@ for step in ${STEPS:-tests native host ll split}; do
            echo "split: exit $?"; tail -c 3000 $OUT/split.log ;;
     tiles) timeout ${TILES_S:-300} python3 scripts/gpu_attention_tiles.py --out $OUT/tiles.json --commit $C --time-box $(( ${TILES_S:-300} - 30 )) ${TILES_ARGS:-} > $OUT/tiles.log 2>&1
            echo "tiles: exit $?"; tail -c 3000 $OUT/tiles.log ;;
+    levers) timeout ${LEVERS_S:-300} python3 scripts/gpu_attention_fwd_levers.py --out $OUT/levers.json --commit $C --time-box $(( ${LEVERS_S:-300} - 40 )) ${LEVERS_ARGS:-} > $OUT/levers.log 2>&1
+            echo "levers: exit $?"; tail -c 4000 $OUT/levers.log | cut -c1-330 ;;
   esac
   echo "$step done at $(( $(date +%s) - T0 )) s"
 done
