@@ -1,6 +1,8 @@
 """attention: parity with the float64 reference (contracts/attention.yaml), bitwise pack invariance and
 deterministic backward, decode / chunked prefill bitwise equal to training, context-parallel chaining,
 typed errors."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -175,7 +177,6 @@ def test_backward_deterministic(device):
 
 def _with_backward_split(monkeypatch, device, dtype, min_len):
     """Set split_min_len on the locked backward rows this device uses (0: off, the table's value)."""
-    import dataclasses
 
     arch = arch_of(torch.device(device))
     dt = str(dtype).removeprefix("torch.")
@@ -205,6 +206,56 @@ def test_backward_whole_block_loops_give_the_masked_bits(device, dtype, causal, 
     for i in order:
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[0][i], runs[1][i]):
             assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
+
+
+@pytest.mark.parametrize("dtype, causal", ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True)))
+def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
+    """configs tma_kv / flat: K and V through TMA descriptors, one tile per program in a straight line.
+    Both are how the forward moves and schedules the same tiles, so out and lse keep the pointer path's
+    bits: for a pack with tails and GQA, with a max_seqlen shorter than the longest sequence (the tiles
+    past the grid), for K / V sliced from one tensor, for K / V that TMA cannot read (a head stride
+    other than D: the pointer loads), for the first sequence beside infs in the next one's V (a TMA
+    block reads past the sequence), and for a context-parallel key range continued from a state."""
+    from rlk_triton.ops import attention as ops
+
+    gen = torch.Generator().manual_seed(11)
+    Hq, Hkv, D = 4, 2, (16 if device == "cpu" else 128)
+    lens = [37, 9, 1, 20] if device == "cpu" else [4100, 700, 33, 2048, 1]
+    N, L = sum(lens), max(lens)
+    q = torch.randn(N, Hq, D, generator=gen).to(device, dtype)
+    kv = torch.randn(N, 2 * Hkv, D, generator=gen).to(device, dtype)
+    k, v = kv[:, :Hkv].contiguous(), kv[:, Hkv:].contiguous()
+    pairs = torch.randn(N, Hkv, 2, D, generator=gen).to(device, dtype)
+    cu, sc = cu_of(lens, device), D ** -0.5
+    locked = ops._cfg("attention_fwd", q)
+    plain = dataclasses.replace(locked, tma_kv=False, flat=False)
+    bn = locked.block_n
+    # TMA reads a token stride other than Hkv x D (k, v sliced from one tensor), never a head stride
+    # other than D (pairs: K and V of a head interleaved)
+    assert ops.kv_tma_ready(kv[:, :Hkv], kv[:, Hkv:]) and not ops.kv_tma_ready(pairs[:, :, 0], pairs[:, :, 1])
+
+    v_inf = v.clone()
+    v_inf[lens[0]:] = float("inf")  # the first sequence's last KV block reaches into these tokens
+
+    def first_seq(res):
+        return res[0][:lens[0]], res[1][:, :lens[0]]
+
+    def runs(cfg):
+        return [ops.launch_forward(q, k, v, cu, L, sc, causal, cfg=cfg),
+                ops.launch_forward(q, k, v, cu, locked.block_m, sc, causal, cfg=cfg),  # tiles past the grid
+                ops.launch_forward(q, kv[:, :Hkv], kv[:, Hkv:], cu, L, sc, causal, cfg=cfg),
+                ops.launch_forward(q, pairs[:, :, 0], pairs[:, :, 1], cu, L, sc, causal, cfg=cfg),
+                first_seq(ops.launch_forward(q, k, v_inf, cu, L, sc, causal, cfg=cfg)),
+                ops.launch_forward(q, k, v, cu, L, sc, causal, kv_range=(bn, 3 * bn), cfg=cfg,
+                                   state_in=ops.launch_forward(q, k, v, cu, L, sc, causal, kv_range=(0, bn),
+                                                               state_out=True, cfg=cfg)[2])]
+
+    ref = runs(plain)
+    for tma_kv, flat in ((True, False), (False, True), (True, True)):
+        got = runs(dataclasses.replace(locked, tma_kv=tma_kv, flat=flat))
+        for case, a, b in zip(("pack", "short max_seqlen", "token stride", "head stride", "inf after", "kv range"), ref, got):
+            for name, x, y in zip(("out", "lse"), a, b):
+                assert torch.equal(x, y), (tma_kv, flat, case, name, (x.double() - y.double()).abs().max())
 
 
 @pytest.mark.slow

@@ -137,33 +137,65 @@ def _span(cu_ptr, i, n):
 @cached
 @triton.jit
 def _fwd_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
     m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h,
     qk_scale, kv_lo, kv_hi, N,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA_KV: tl.constexpr, FLAT: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
+    n_tiles = tl.cdiv(seq_len, BLOCK_M)
     # Row blocks stride by the grid: a max_seqlen shorter than the sequence costs time, not rows.
-    for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):
-        _fwd_row_block(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
-                       slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo, kv_hi,
-                       mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN, STATE_OUT, UPCAST, IEEE,
-                       BLOCK_M, BLOCK_N)
+    first = tl.program_id(0)
+    if FLAT:  # the grid's own tile in a straight line; the stride loop only for tiles past the grid
+        if first < n_tiles:
+            _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t,
+                           sv_h, so_t, so_h, slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h,
+                           qk_scale, kv_lo, kv_hi, first, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN,
+                           STATE_OUT, UPCAST, IEEE, BLOCK_M, BLOCK_N, TMA_KV)
+        first += tl.num_programs(0)
+    for mb in range(first, n_tiles, tl.num_programs(0)):
+        _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
+                       so_t, so_h, slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo,
+                       kv_hi, mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN, STATE_OUT, UPCAST, IEEE,
+                       BLOCK_M, BLOCK_N, TMA_KV)
+
+
+@triton.jit
+def _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, MASKED: tl.constexpr,
+             UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA_KV: tl.constexpr):
+    """The K and V rows [BLOCK_N, D] of keys n0.. of one kv head; keys at or past hi read 0. Through
+    TMA descriptors over [tokens, kv heads x D] (TMA_KV) or pointer loads: the same values."""
+    rn = n0 + tl.arange(0, BLOCK_N)
+    if TMA_KV:
+        k = k_desc.load([start + n0, hk * HEAD_DIM])
+        v = v_desc.load([start + n0, hk * HEAD_DIM])
+        if MASKED:  # keys past hi: another sequence's tokens (rows past the tensor read 0). Their
+            # scores are masked whatever K holds, but p = 0 times an inf in V would be NaN.
+            v = tl.where((rn < hi)[:, None], v, 0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+    else:
+        k = _load_rows(k_head, start + rn, rn < hi, sk_t, rd, UPCAST)
+        v = _load_rows(v_head, start + rn, rn < hi, sv_t, rd, UPCAST)
+    return k, v
 
 
 @triton.jit
 def _fwd_row_block(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, slse_h,
     m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo, kv_hi,
     mb, h, start, seq_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA_KV: tl.constexpr,
 ):
     hk = h // GROUP
     rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # positions inside the sequence
@@ -193,17 +225,15 @@ def _fwd_row_block(
         whole = tl.minimum(hi, mb * BLOCK_M + 1)  # keys up to the tile's first row
     whole = kv_lo + tl.maximum(whole - kv_lo, 0) // BLOCK_N * BLOCK_N
     for n0 in range(kv_lo, whole, BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_head, start + rn, rn < hi, sk_t, rd, UPCAST)
-        v = _load_rows(v_head, start + rn, rn < hi, sv_t, rd, UPCAST)
+        k, v = _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, False, UPCAST,
+                        HEAD_DIM, BLOCK_N, TMA_KV)
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, None, v_ptr.dtype.element_ty,
                                       UPCAST, IEEE, False)
     for n0 in range(whole, hi, BLOCK_N):
+        k, v = _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, True, UPCAST,
+                        HEAD_DIM, BLOCK_N, TMA_KV)
         rn = n0 + tl.arange(0, BLOCK_N)
-        col_ok = rn < hi
-        k = _load_rows(k_head, start + rn, col_ok, sk_t, rd, UPCAST)
-        v = _load_rows(v_head, start + rn, col_ok, sv_t, rd, UPCAST)
-        valid = col_ok[None, :]
+        valid = (rn < hi)[None, :]
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, valid, v_ptr.dtype.element_ty,
@@ -549,17 +579,32 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
     lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
     upcast, ieee = operand_flags(q.dtype)
     grid = (max(1, cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
+    tma_kv = cfg.tma_kv and kv_tma_ready(k, v)
+    if tma_kv:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc, v_desc = (TensorDescriptor(x, [N, Hkv * D], [x.stride(0), 1], [cfg.block_n, D]) for x in (k, v))
+    else:
+        k_desc, v_desc = k, v  # unused
     _fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens,
+        q, k, v, k_desc, v_desc, out, lse, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         m_st, l_st, acc_st, m_st.stride(0), acc_st.stride(0), acc_st.stride(1),
         scale * LOG2E, lo, hi, N,
         GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
-        UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA_KV=tma_kv, FLAT=cfg.flat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
+
+
+def kv_tma_ready(k, v) -> bool:
+    """K and V readable as [tokens, kv heads x D] through TMA: 2-byte, the head dim contiguous and the
+    heads of a token adjacent (stride D), 16-byte aligned bases and token strides."""
+    return all(x.dtype in (torch.bfloat16, torch.float16) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+               and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 and x.shape[0] > 0
+               for x in (k, v))
 
 
 def decode_heads(cfg, group: int) -> int:
