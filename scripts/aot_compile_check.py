@@ -229,12 +229,17 @@ def attention_cases():
     strides = dict(sq_t=Hq * D, sq_h=D, sk_t=Hkv * D, sk_h=D, sv_t=Hkv * D, sv_h=D)
     rows = []
     f = configs.lookup_attention("attention_fwd", "sm90", bf, D)
-    rows.append(("attention _fwd_kernel", at._fwd_kernel,
-                 dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, out_ptr=q, lse_ptr=lse, cu_ptr=cu, so_t=Hq * D, so_h=D,
-                      slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N, sacc_t=Hq * D, sacc_h=D,
-                      qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True, STATE_IN=False,
-                      STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m, BLOCK_N=f.block_n),
-                 f.num_warps, f.num_stages))
+    for tma_kv, flat in ((f.tma_kv, f.flat), (not f.tma_kv, f.flat), (f.tma_kv, not f.flat)):
+        # the locked row, then each load / schedule option flipped (configs: the same tiles either way)
+        tag = "" if (tma_kv, flat) == (f.tma_kv, f.flat) else f" (tma_kv={tma_kv}, flat={flat})"
+        desc = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [f.block_n, D]) if tma_kv else kv
+        rows.append((f"attention _fwd_kernel{tag}", at._fwd_kernel,
+                     dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, k_desc=desc, v_desc=desc, out_ptr=q, lse_ptr=lse,
+                          cu_ptr=cu, so_t=Hq * D, so_h=D, slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N,
+                          sacc_t=Hq * D, sacc_h=D, qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D,
+                          CAUSAL=True, STATE_IN=False, STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m,
+                          BLOCK_N=f.block_n, TMA_KV=tma_kv, FLAT=flat),
+                     f.num_warps, f.num_stages))
     d = configs.lookup_decode("sm90", bf, D)
     cache = _t(64, 256, Hkv, D)
     rows.append(("attention _decode_kernel", at._decode_kernel,
