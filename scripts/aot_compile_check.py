@@ -229,16 +229,16 @@ def attention_cases():
     strides = dict(sq_t=Hq * D, sq_h=D, sk_t=Hkv * D, sk_h=D, sv_t=Hkv * D, sv_h=D)
     rows = []
     f = configs.lookup_attention("attention_fwd", "sm90", bf, D)
-    for tma_kv, flat in ((f.tma_kv, f.flat), (not f.tma_kv, f.flat), (f.tma_kv, not f.flat)):
+    for tma_loads, flat in ((f.tma_loads, f.flat), (not f.tma_loads, f.flat), (f.tma_loads, not f.flat)):
         # the locked row, then each load / schedule option flipped (configs: the same tiles either way)
-        tag = "" if (tma_kv, flat) == (f.tma_kv, f.flat) else f" (tma_kv={tma_kv}, flat={flat})"
-        desc = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [f.block_n, D]) if tma_kv else kv
+        tag = "" if (tma_loads, flat) == (f.tma_loads, f.flat) else f" (tma_loads={tma_loads}, flat={flat})"
+        desc = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [f.block_n, D]) if tma_loads else kv
         rows.append((f"attention _fwd_kernel{tag}", at._fwd_kernel,
                      dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, k_desc=desc, v_desc=desc, out_ptr=q, lse_ptr=lse,
                           cu_ptr=cu, so_t=Hq * D, so_h=D, slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N,
                           sacc_t=Hq * D, sacc_h=D, qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D,
                           CAUSAL=True, STATE_IN=False, STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m,
-                          BLOCK_N=f.block_n, TMA_KV=tma_kv, FLAT=flat),
+                          BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat),
                      f.num_warps, f.num_stages))
     d = configs.lookup_decode("sm90", bf, D)
     cache = _t(64, 256, Hkv, D)
@@ -251,16 +251,20 @@ def attention_cases():
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
                sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
                UPCAST=False, IEEE=False)
-    for split in (False, True):  # the table's rows (off), and the whole-block loops a row may turn on
-        tag = " (whole blocks unmasked)" if split else ""
-        c = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
+    ckv = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
+    cq = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
+    for split, tma in ((False, ckv.tma_loads), (True, ckv.tma_loads), (True, not ckv.tma_loads)):
+        # the table's rows (split off), the whole-block loops a row may turn on, and TMA loads flipped
+        tag = (" (whole blocks unmasked)" if split else "") + ("" if tma == ckv.tma_loads else f" (tma_loads={tma})")
+        qd = TensorDescriptor(q, [N, Hq * D], [Hq * D, 1], [ckv.block_m, D]) if tma else q
         rows.append((f"attention _bwd_dkdv_kernel{tag}", at._bwd_dkdv_kernel,
-                     dict(bwd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D, sdv_h=D, split_min_len=1,
-                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split), c.num_warps, c.num_stages))
-        c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
+                     dict(bwd, q_desc=qd, do_desc=qd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D,
+                          sdv_h=D, split_min_len=1, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n, SPLIT=split, TMA=tma),
+                     ckv.num_warps, ckv.num_stages))
+        kd = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [cq.block_n, D]) if tma else kv
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
-                     dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                          SPLIT=split), c.num_warps, c.num_stages))
+                     dict(bwd, k_desc=kd, v_desc=kd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1,
+                          BLOCK_M=cq.block_m, BLOCK_N=cq.block_n, SPLIT=split, TMA=tma), cq.num_warps, cq.num_stages))
     return rows
 
 

@@ -144,7 +144,7 @@ def _fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA_KV: tl.constexpr, FLAT: tl.constexpr,
+    TMA: tl.constexpr, FLAT: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
@@ -157,33 +157,40 @@ def _fwd_kernel(
             _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t,
                            sv_h, so_t, so_h, slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h,
                            qk_scale, kv_lo, kv_hi, first, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN,
-                           STATE_OUT, UPCAST, IEEE, BLOCK_M, BLOCK_N, TMA_KV)
+                           STATE_OUT, UPCAST, IEEE, BLOCK_M, BLOCK_N, TMA)
         first += tl.num_programs(0)
     for mb in range(first, n_tiles, tl.num_programs(0)):
         _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                        so_t, so_h, slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo,
                        kv_hi, mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN, STATE_OUT, UPCAST, IEEE,
-                       BLOCK_M, BLOCK_N, TMA_KV)
+                       BLOCK_M, BLOCK_N, TMA)
+
+
+@triton.jit
+def _tile_rows(head_ptr, desc, row0, rows, ok, stride_t, rd, col0, MASKED: tl.constexpr, UPCAST: tl.constexpr,
+               TMA: tl.constexpr):
+    """Rows row0 + [0, len(rows)) of one head [len(rows), D]; rows not `ok` read 0 (MASKED: some may
+    not be). Through a TMA descriptor over [tokens, heads x D] at column col0 (TMA), else pointer
+    loads from head_ptr (the head's first element): the same values. A TMA block past a sequence
+    reads the next one's tokens, so those rows are zeroed: a 0 probability times an inf would be NaN."""
+    if TMA:
+        x = desc.load([row0, col0])
+        if MASKED:
+            x = tl.where(ok[:, None], x, 0.0)
+        if UPCAST:
+            x = x.to(tl.float32)
+    else:
+        x = _load_rows(head_ptr, rows, ok, stride_t, rd, UPCAST)
+    return x
 
 
 @triton.jit
 def _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, MASKED: tl.constexpr,
-             UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA_KV: tl.constexpr):
-    """The K and V rows [BLOCK_N, D] of keys n0.. of one kv head; keys at or past hi read 0. Through
-    TMA descriptors over [tokens, kv heads x D] (TMA_KV) or pointer loads: the same values."""
+             UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """The K and V rows [BLOCK_N, D] of keys n0.. of kv head hk; keys at or past hi read 0."""
     rn = n0 + tl.arange(0, BLOCK_N)
-    if TMA_KV:
-        k = k_desc.load([start + n0, hk * HEAD_DIM])
-        v = v_desc.load([start + n0, hk * HEAD_DIM])
-        if MASKED:  # keys past hi: another sequence's tokens (rows past the tensor read 0). Their
-            # scores are masked whatever K holds, but p = 0 times an inf in V would be NaN.
-            v = tl.where((rn < hi)[:, None], v, 0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-    else:
-        k = _load_rows(k_head, start + rn, rn < hi, sk_t, rd, UPCAST)
-        v = _load_rows(v_head, start + rn, rn < hi, sv_t, rd, UPCAST)
+    k = _tile_rows(k_head, k_desc, start + n0, start + rn, rn < hi, sk_t, rd, hk * HEAD_DIM, MASKED, UPCAST, TMA)
+    v = _tile_rows(v_head, v_desc, start + n0, start + rn, rn < hi, sv_t, rd, hk * HEAD_DIM, MASKED, UPCAST, TMA)
     return k, v
 
 
@@ -195,7 +202,7 @@ def _fwd_row_block(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA_KV: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     hk = h // GROUP
     rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # positions inside the sequence
@@ -226,12 +233,12 @@ def _fwd_row_block(
     whole = kv_lo + tl.maximum(whole - kv_lo, 0) // BLOCK_N * BLOCK_N
     for n0 in range(kv_lo, whole, BLOCK_N):
         k, v = _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, False, UPCAST,
-                        HEAD_DIM, BLOCK_N, TMA_KV)
+                        HEAD_DIM, BLOCK_N, TMA)
         m, l, acc = attn_block_update(q, k, v, m, l, acc, qk_scale, None, v_ptr.dtype.element_ty,
                                       UPCAST, IEEE, False)
     for n0 in range(whole, hi, BLOCK_N):
         k, v = _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, True, UPCAST,
-                        HEAD_DIM, BLOCK_N, TMA_KV)
+                        HEAD_DIM, BLOCK_N, TMA)
         rn = n0 + tl.arange(0, BLOCK_N)
         valid = (rn < hi)[None, :]
         if CAUSAL:
@@ -392,11 +399,11 @@ def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr, MAS
 
 
 @triton.jit
-def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
-              UPCAST: tl.constexpr):
-    """q, dO, lse (log2 units) and delta of rows tok of head h; rows not ok read 0."""
-    q = _load_rows(q_ptr + h * sq_h, tok, ok, sq_t, rd, UPCAST)
-    do = _load_rows(do_ptr + h * sdo_h, tok, ok, sdo_t, rd, UPCAST)
+def _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, row0, tok, ok, sq_t, sq_h, sdo_t, sdo_h,
+              slse_h, rd, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, TMA: tl.constexpr):
+    """q, dO, lse (log2 units) and delta of rows tok (= row0 + [0, len)) of head h; rows not ok read 0."""
+    q = _tile_rows(q_ptr + h * sq_h, q_desc, row0, tok, ok, sq_t, rd, h * HEAD_DIM, True, UPCAST, TMA)
+    do = _tile_rows(do_ptr + h * sdo_h, do_desc, row0, tok, ok, sdo_t, rd, h * HEAD_DIM, True, UPCAST, TMA)
     lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=ok, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + h * slse_h + tok, mask=ok, other=0.0)
     return q, do, lse2, delta
@@ -405,29 +412,31 @@ def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, 
 @cached
 @triton.jit
 def _bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     seq = tl.program_id(1)
     hk = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
     for nb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_N), tl.num_programs(0)):  # as the forward's
-        _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+        _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
                         qk_scale, scale, nb, hk, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST,
-                        IEEE, BLOCK_M, BLOCK_N, SPLIT)
+                        IEEE, BLOCK_M, BLOCK_N, SPLIT, TMA)
 
 
 @triton.jit
 def _bwd_dkdv_block(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
     qk_scale, scale, nb, hk, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -455,8 +464,9 @@ def _bwd_dkdv_block(
         for m0 in range(lo, masked_end, BLOCK_M):
             rm = m0 + tl.arange(0, BLOCK_M)
             row_ok = rm < seq_len
-            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, row_ok,
-                                           sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
+            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, start + m0,
+                                           start + rm, row_ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST,
+                                           HEAD_DIM, TMA)
             valid = row_ok[:, None] & col_ok[None, :]
             if CAUSAL:
                 valid = valid & (rn[None, :] <= rm[:, None])
@@ -466,8 +476,9 @@ def _bwd_dkdv_block(
         if SPLIT:
             for m0 in range(masked_end, seq_len, BLOCK_M):
                 rm = m0 + tl.arange(0, BLOCK_M)
-                q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, rm < seq_len,
-                                               sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
+                q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, start + m0,
+                                               start + rm, rm < seq_len, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
+                                               UPCAST, HEAD_DIM, TMA)
                 p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
                 dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
                 dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
@@ -481,29 +492,31 @@ def _bwd_dkdv_block(
 @cached
 @triton.jit
 def _bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
     for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
-        _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+        _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr,
                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
                       qk_scale, scale, mb, h, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
-                      BLOCK_M, BLOCK_N, SPLIT)
+                      BLOCK_M, BLOCK_N, SPLIT, TMA)
 
 
 @triton.jit
 def _bwd_dq_block(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
     qk_scale, scale, mb, h, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     hk = h // GROUP
@@ -511,8 +524,8 @@ def _bwd_dq_block(
     rd = tl.arange(0, HEAD_DIM)
     row_ok = rm < seq_len
     tok = start + rm
-    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, row_ok, sq_t, sq_h, sdo_t, sdo_h,
-                                   slse_h, rd, UPCAST)
+    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + mb * BLOCK_M, tok,
+                                   row_ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST, HEAD_DIM, False)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = seq_len
     if CAUSAL:
@@ -527,16 +540,15 @@ def _bwd_dq_block(
             whole = tl.minimum(hi, mb * BLOCK_M + 1)
         masked_start = tl.where(seq_len >= split_min_len, whole // BLOCK_N * BLOCK_N, 0)
         for n0 in range(0, masked_start, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            k = _load_rows(k_ptr + hk * sk_h, start + rn, rn < hi, sk_t, rd, UPCAST)
-            v = _load_rows(v_ptr + hk * sv_h, start + rn, rn < hi, sv_t, rd, UPCAST)
+            k, v = _kv_rows(k_ptr + hk * sk_h, v_ptr + hk * sv_h, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t,
+                            rd, False, UPCAST, HEAD_DIM, BLOCK_N, TMA)
             p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
             dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
     for n0 in range(masked_start, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
-        k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
-        v = _load_rows(v_ptr + hk * sv_h, start + rn, col_ok, sv_t, rd, UPCAST)
+        k, v = _kv_rows(k_ptr + hk * sk_h, v_ptr + hk * sv_h, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd,
+                        True, UPCAST, HEAD_DIM, BLOCK_N, TMA)
         valid = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
@@ -579,13 +591,8 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
     lo, hi = kv_range if kv_range is not None else (0, INT32_MAX)
     upcast, ieee = operand_flags(q.dtype)
     grid = (max(1, cdiv(max_seqlen, cfg.block_m)), S, Hq)  # max_seqlen sizes it; the rows stride
-    tma_kv = cfg.tma_kv and kv_tma_ready(k, v)
-    if tma_kv:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        k_desc, v_desc = (TensorDescriptor(x, [N, Hkv * D], [x.stride(0), 1], [cfg.block_n, D]) for x in (k, v))
-    else:
-        k_desc, v_desc = k, v  # unused
+    tma = cfg.tma_loads and tma_rows_ready(k, v)
+    k_desc, v_desc = row_descriptors(tma, cfg.block_n, k, v)
     _fwd_kernel[grid](
         q, k, v, k_desc, v_desc, out, lse, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -593,18 +600,29 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
         m_st, l_st, acc_st, m_st.stride(0), acc_st.stride(0), acc_st.stride(1),
         scale * LOG2E, lo, hi, N,
         GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
-        UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA_KV=tma_kv, FLAT=cfg.flat,
+        UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, FLAT=cfg.flat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
 
 
-def kv_tma_ready(k, v) -> bool:
-    """K and V readable as [tokens, kv heads x D] through TMA: 2-byte, the head dim contiguous and the
-    heads of a token adjacent (stride D), 16-byte aligned bases and token strides."""
+def tma_rows_ready(*xs) -> bool:
+    """[tokens, heads, D] tensors readable as [tokens, heads x D] through TMA: 2-byte, the head dim
+    contiguous and the heads of a token adjacent (stride D), 16-byte aligned bases and token strides."""
     return all(x.dtype in (torch.bfloat16, torch.float16) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
                and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 and x.shape[0] > 0
-               for x in (k, v))
+               for x in xs)
+
+
+def row_descriptors(tma: bool, block_rows: int, *xs) -> tuple:
+    """Host TMA descriptors of blocks [block_rows, D] over each x viewed as [tokens, heads x D] (tma),
+    else the tensors themselves (the kernels then read through pointers and ignore them)."""
+    if not tma:
+        return xs
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor(x, [x.shape[0], x.shape[1] * x.shape[2]], [x.stride(0), 1],
+                                  [block_rows, x.shape[2]]) for x in xs)
 
 
 def decode_heads(cfg, group: int) -> int:
@@ -660,18 +678,20 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     # 64 x 1024 at a 2048 threshold: 0.77x). Same bits both ways (the rule is per sequence).
     split_kv = 0 < ckv.split_min_len <= max_seqlen
     split_q = 0 < cq.split_min_len <= max_seqlen
+    tma_kv = ckv.tma_loads and tma_rows_ready(q, dout)  # dkdv streams q / dO, dq streams K / V
+    tma_q = cq.tma_loads and tma_rows_ready(k, v)
     _bwd_dkdv_kernel[(max(1, cdiv(max_seqlen, ckv.block_n)), S, Hkv)](
-        q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
+        q, k, v, dout, *row_descriptors(tma_kv, ckv.block_m, q, dout), lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale * LOG2E, scale, N, ckv.split_min_len, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
-        SPLIT=split_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
+        SPLIT=split_kv, TMA=tma_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
     _bwd_dq_kernel[(max(1, cdiv(max_seqlen, cq.block_m)), S, Hq)](
-        q, k, v, dout, lse, delta, dq, cu_seqlens,
+        q, k, v, dout, *row_descriptors(tma_q, cq.block_n, k, v), lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
         scale * LOG2E, scale, N, cq.split_min_len, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
-        SPLIT=split_q, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+        SPLIT=split_q, TMA=tma_q, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
     return dq, dk, dv
 
 
