@@ -71,10 +71,11 @@ class MatmulConfig:
     # test_attention.py, on the interpreter and the H200; on the H200 also every shape of
     # docs/reports/h200-attention-split-thresholds-2026-12-04.json), so a speed choice.
     split_min_len: int = 0
-    # attention: the tiles an inner loop streams (the forward's and dq's K / V, dkdv's q / dO) read
-    # through TMA descriptors over [tokens, heads x D] (sm90; 2-byte operands with a head stride of D,
-    # else the pointer loads). Which unit moves the same bytes, never a row's math: the same bits
-    # (tests/test_attention.py; docs/reports/h200-attention-fwd-levers-2026-12-04.json).
+    # attention forward: the K / V blocks read through TMA descriptors over [tokens, kv heads x D]
+    # (sm90; 2-byte K / V with a head stride of D, else the pointer loads). Which unit moves the same
+    # bytes, never a row's math: the same bits (tests/test_attention.py). The backward stays on
+    # pointers: dkdv's q / dO through TMA were 1.26-1.54x slower, dq's K / V no faster (H200,
+    # docs/reports/h200-attention-tma-2026-12-04.json).
     tma_loads: bool = False
     # attention forward: one query tile per program in a straight line, the grid-stride loop kept only
     # for tiles past the grid (a max_seqlen shorter than a sequence). The same tiles in the same order.
@@ -298,8 +299,13 @@ def _matmul_rows():
                                      ("float16", (128, 64, 8, 3), (64, 32, 4, 2), bwd_2byte),
                                      ("float32", (64, 32, 4, 3), (32, 32, 4, 1), bwd_first)):
             for bucket, f in (("d<=128", fwd), ("d256", fwd256)):
-                t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3],
-                                                                      tma_loads=arch == "sm90" and dt != "float32")
+                # sm90 2-byte forward: K / V through TMA, and at d<=128 the straight-line first tile,
+                # against the pointer loads' grid-stride loop: 1.10x at 4 x 8192, 1.06x at 16 x 2048,
+                # 1.08x on a 64..4096 mix (D=128), 0.98x at D=64; d256 TMA alone 1.30x (flat: 0.98x)
+                # (docs/reports/h200-attention-tma-2026-12-04.json). The same bits.
+                hopper = arch == "sm90" and dt != "float32"
+                t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3], tma_loads=hopper,
+                                                                      flat=hopper and bucket == "d<=128")
                 for pairs in PAIR_BUCKET_NAMES:
                     t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
                 # split_min_len 2048 on the H200 (bf16 / fp16): backward 1.10x at 4 x 8192, 1.13x at D=64,
@@ -307,12 +313,13 @@ def _matmul_rows():
                 # 64 x 1024 (h200-attention-split-thresholds-2026-12-04.json)
                 split = 2048 if arch == "sm90" and dt != "float32" else 0
                 for kernel, b in zip(("attention_bwd_dkdv", "attention_bwd_dq"), bwd[bucket]):
-                    t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split,
-                                                                 tma_loads=arch == "sm90" and dt != "float32")
+                    t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split)
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
         for kernel in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"):
-            for bucket in ("d<=128", "d256"):  # TMA loads on 2-byte dtypes, as on sm90: CPU tests cover them
-                t[(kernel, "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1, tma_loads=dt != "float32")
+            for bucket in ("d<=128", "d256"):
+                t[(kernel, "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1)
+        for bucket in ("d<=128", "d256"):  # the forward's TMA loads on 2-byte dtypes, so CPU tests cover them
+            t[("attention_fwd", "interpreter", dt, bucket)] = MatmulConfig(16, 16, 0, 1, 4, 1, tma_loads=dt != "float32")
         for bucket in ("d<=128", "d256"):  # both head layouts, so CPU tests cover both
             for pairs in PAIR_BUCKET_NAMES:
                 t[("attention_decode", "interpreter", dt, f"{bucket},{pairs}")] = MatmulConfig(

@@ -251,20 +251,16 @@ def attention_cases():
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
                sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
                UPCAST=False, IEEE=False)
-    ckv = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
-    cq = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
-    for split, tma in ((False, ckv.tma_loads), (True, ckv.tma_loads), (True, not ckv.tma_loads)):
-        # the table's rows (split off), the whole-block loops a row may turn on, and TMA loads flipped
-        tag = (" (whole blocks unmasked)" if split else "") + ("" if tma == ckv.tma_loads else f" (tma_loads={tma})")
-        qd = TensorDescriptor(q, [N, Hq * D], [Hq * D, 1], [ckv.block_m, D]) if tma else q
+    for split in (False, True):  # the table's rows (off), and the whole-block loops a row may turn on
+        tag = " (whole blocks unmasked)" if split else ""
+        c = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
         rows.append((f"attention _bwd_dkdv_kernel{tag}", at._bwd_dkdv_kernel,
-                     dict(bwd, q_desc=qd, do_desc=qd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D,
-                          sdv_h=D, split_min_len=1, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n, SPLIT=split, TMA=tma),
-                     ckv.num_warps, ckv.num_stages))
-        kd = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [cq.block_n, D]) if tma else kv
+                     dict(bwd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D, sdv_h=D, split_min_len=1,
+                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split), c.num_warps, c.num_stages))
+        c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
-                     dict(bwd, k_desc=kd, v_desc=kd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1,
-                          BLOCK_M=cq.block_m, BLOCK_N=cq.block_n, SPLIT=split, TMA=tma), cq.num_warps, cq.num_stages))
+                     dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                          SPLIT=split), c.num_warps, c.num_stages))
     return rows
 
 

@@ -399,11 +399,11 @@ def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr, MAS
 
 
 @triton.jit
-def _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, row0, tok, ok, sq_t, sq_h, sdo_t, sdo_h,
-              slse_h, rd, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, TMA: tl.constexpr):
-    """q, dO, lse (log2 units) and delta of rows tok (= row0 + [0, len)) of head h; rows not ok read 0."""
-    q = _tile_rows(q_ptr + h * sq_h, q_desc, row0, tok, ok, sq_t, rd, h * HEAD_DIM, True, UPCAST, TMA)
-    do = _tile_rows(do_ptr + h * sdo_h, do_desc, row0, tok, ok, sdo_t, rd, h * HEAD_DIM, True, UPCAST, TMA)
+def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
+              UPCAST: tl.constexpr):
+    """q, dO, lse (log2 units) and delta of rows tok of head h; rows not ok read 0."""
+    q = _load_rows(q_ptr + h * sq_h, tok, ok, sq_t, rd, UPCAST)
+    do = _load_rows(do_ptr + h * sdo_h, tok, ok, sdo_t, rd, UPCAST)
     lse2 = tl.load(lse_ptr + h * slse_h + tok, mask=ok, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + h * slse_h + tok, mask=ok, other=0.0)
     return q, do, lse2, delta
@@ -412,31 +412,29 @@ def _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, row0, tok, 
 @cached
 @triton.jit
 def _bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     seq = tl.program_id(1)
     hk = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
     for nb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_N), tl.num_programs(0)):  # as the forward's
-        _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+        _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
                         qk_scale, scale, nb, hk, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST,
-                        IEEE, BLOCK_M, BLOCK_N, SPLIT, TMA)
+                        IEEE, BLOCK_M, BLOCK_N, SPLIT)
 
 
 @triton.jit
 def _bwd_dkdv_block(
-    q_ptr, k_ptr, v_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
     qk_scale, scale, nb, hk, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -464,9 +462,8 @@ def _bwd_dkdv_block(
         for m0 in range(lo, masked_end, BLOCK_M):
             rm = m0 + tl.arange(0, BLOCK_M)
             row_ok = rm < seq_len
-            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, start + m0,
-                                           start + rm, row_ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST,
-                                           HEAD_DIM, TMA)
+            q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, row_ok,
+                                           sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
             valid = row_ok[:, None] & col_ok[None, :]
             if CAUSAL:
                 valid = valid & (rn[None, :] <= rm[:, None])
@@ -476,9 +473,8 @@ def _bwd_dkdv_block(
         if SPLIT:
             for m0 in range(masked_end, seq_len, BLOCK_M):
                 rm = m0 + tl.arange(0, BLOCK_M)
-                q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_desc, do_desc, lse_ptr, delta_ptr, h, start + m0,
-                                               start + rm, rm < seq_len, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
-                                               UPCAST, HEAD_DIM, TMA)
+                q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, rm < seq_len,
+                                               sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
                 p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
                 dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
                 dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
@@ -492,31 +488,29 @@ def _bwd_dkdv_block(
 @cached
 @triton.jit
 def _bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
     for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
-        _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr,
+        _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
                       qk_scale, scale, mb, h, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
-                      BLOCK_M, BLOCK_N, SPLIT, TMA)
+                      BLOCK_M, BLOCK_N, SPLIT)
 
 
 @triton.jit
 def _bwd_dq_block(
-    q_ptr, k_ptr, v_ptr, do_ptr, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
     qk_scale, scale, mb, h, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     hk = h // GROUP
@@ -524,8 +518,8 @@ def _bwd_dq_block(
     rd = tl.arange(0, HEAD_DIM)
     row_ok = rm < seq_len
     tok = start + rm
-    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + mb * BLOCK_M, tok,
-                                   row_ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST, HEAD_DIM, False)
+    q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, row_ok, sq_t, sq_h, sdo_t, sdo_h,
+                                   slse_h, rd, UPCAST)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     hi = seq_len
     if CAUSAL:
@@ -540,15 +534,16 @@ def _bwd_dq_block(
             whole = tl.minimum(hi, mb * BLOCK_M + 1)
         masked_start = tl.where(seq_len >= split_min_len, whole // BLOCK_N * BLOCK_N, 0)
         for n0 in range(0, masked_start, BLOCK_N):
-            k, v = _kv_rows(k_ptr + hk * sk_h, v_ptr + hk * sv_h, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t,
-                            rd, False, UPCAST, HEAD_DIM, BLOCK_N, TMA)
+            rn = n0 + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_ptr + hk * sk_h, start + rn, rn < hi, sk_t, rd, UPCAST)
+            v = _load_rows(v_ptr + hk * sv_h, start + rn, rn < hi, sv_t, rd, UPCAST)
             p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
             dq = mma(_lowp(ds, DT, UPCAST), k, dq, IEEE)
     for n0 in range(masked_start, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         col_ok = rn < hi
-        k, v = _kv_rows(k_ptr + hk * sk_h, v_ptr + hk * sv_h, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd,
-                        True, UPCAST, HEAD_DIM, BLOCK_N, TMA)
+        k = _load_rows(k_ptr + hk * sk_h, start + rn, col_ok, sk_t, rd, UPCAST)
+        v = _load_rows(v_ptr + hk * sv_h, start + rn, col_ok, sv_t, rd, UPCAST)
         valid = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             valid = valid & (rn[None, :] <= rm[:, None])
@@ -678,20 +673,18 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
     # 64 x 1024 at a 2048 threshold: 0.77x). Same bits both ways (the rule is per sequence).
     split_kv = 0 < ckv.split_min_len <= max_seqlen
     split_q = 0 < cq.split_min_len <= max_seqlen
-    tma_kv = ckv.tma_loads and tma_rows_ready(q, dout)  # dkdv streams q / dO, dq streams K / V
-    tma_q = cq.tma_loads and tma_rows_ready(k, v)
     _bwd_dkdv_kernel[(max(1, cdiv(max_seqlen, ckv.block_n)), S, Hkv)](
-        q, k, v, dout, *row_descriptors(tma_kv, ckv.block_m, q, dout), lse, delta, dk, dv, cu_seqlens,
+        q, k, v, dout, lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale * LOG2E, scale, N, ckv.split_min_len, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
-        SPLIT=split_kv, TMA=tma_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
+        SPLIT=split_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
     _bwd_dq_kernel[(max(1, cdiv(max_seqlen, cq.block_m)), S, Hq)](
-        q, k, v, dout, *row_descriptors(tma_q, cq.block_n, k, v), lse, delta, dq, cu_seqlens,
+        q, k, v, dout, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
         scale * LOG2E, scale, N, cq.split_min_len, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
-        SPLIT=split_q, TMA=tma_q, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+        SPLIT=split_q, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
     return dq, dk, dv
 
 
