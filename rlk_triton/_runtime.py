@@ -1,5 +1,6 @@
 """Where kernels run: the Triton interpreter on CPU, or a CUDA device. Also the one parser of the
-device and dtype arguments that users pass as strings."""
+device and dtype arguments that users pass as strings, and the one range check of id tensors (the
+host sync of validation)."""
 from __future__ import annotations
 
 import os
@@ -134,3 +135,31 @@ def default_arch() -> str:
 
 
 interpreter_active()  # installs the filter in processes that set TRITON_INTERPRET before importing rlk_triton
+
+
+# Up to this many ids are range-checked on the host: one device-to-host copy, where the device check is
+# about six kernel launches (compares, or, any) before its sync; a decode step's ids are that small.
+HOST_CHECK_MAX_IDS = 256
+
+
+def first_id_outside(ids: torch.Tensor, lo: int, hi: int, allowed: int | None = None):
+    """(flat position, value) of the first element of the 1-D integer tensor `ids` outside [lo, hi) and
+    not equal to `allowed`, or None. One host sync either way."""
+    n = ids.numel()
+    if n == 0:
+        return None
+    if n <= HOST_CHECK_MAX_IDS:
+        vals = ids.tolist()
+        if lo <= min(vals) and max(vals) < hi:
+            return None
+        for pos, v in enumerate(vals):
+            if not lo <= v < hi and v != allowed:
+                return pos, v
+        return None
+    bad = (ids < lo) | (ids >= hi)
+    if allowed is not None:
+        bad &= ids != allowed
+    if not bool(bad.any()):
+        return None
+    pos = int(bad.nonzero()[0, 0])
+    return pos, int(ids[pos])

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from ._runtime import first_id_outside
 from .errors import DeviceError, DTypeError, InputError, ShapeError
 from .losses import BACKENDS, _check_backend
 from .losses import _check_device as _check_tensor_device
@@ -271,10 +272,9 @@ def _group_inputs(scores, group_ids, num_groups, valid, validate=True, backend="
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise InputError("num_groups", f"must be an int >= 0, got {num_groups!r}")
     _check_tensor_device("scores", scores, backend)
-    outside = (group_ids < 0) | (group_ids >= num_groups)
-    if validate and group_ids.numel() and bool(outside.any()):  # the host sync of validation
+    if validate and first_id_outside(group_ids, 0, num_groups) is not None:  # the host sync of validation
         raise InputError("group_ids", f"ids must lie in [0, num_groups={num_groups})")
     ok = _mask("valid", valid, scores.shape, scores.device, validate)
-    if not validate:
-        ok = ok * (~outside).to(torch.uint8)  # an out-of-range id: an invalid row, no sync
+    if not validate:  # an out-of-range id: an invalid row, no sync
+        ok = ok * ((group_ids >= 0) & (group_ids < num_groups)).to(torch.uint8)
     return scores.float().contiguous(), group_ids.to(torch.int32).contiguous(), ok

@@ -302,13 +302,18 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if cu_q.numel() != B + 1:
             raise ShapeError("cu_seqlens_q", f"must be [B + 1] = [{B + 1}], got {cu_q.numel()}")
         max_seqlen_q = _check_cu(cu_q, q.shape[0], max_seqlen_q, validate, "cu_seqlens_q", "max_seqlen_q")
-    if validate:
-        lens = cache_seqlens.long().cpu()
-        n_new = cu_q.long().cpu().diff()
-        if bool((lens < n_new).any()) or bool((lens > block_table.shape[1] * page_size).any()):
+    if validate:  # one transfer to the host: the lengths, the chunks' offsets, the page ids' range
+        parts = [cache_seqlens.long()] + ([cu_q.long()] if cu_seqlens_q is not None else [])
+        if B and block_table.numel():
+            parts.append(torch.stack(torch.aminmax(block_table)).long())
+        host = torch.cat(parts).tolist()
+        lens = host[:B]
+        offsets = host[B:2 * B + 1] if cu_seqlens_q is not None else range(B + 1)  # decode: one token each
+        cap = block_table.shape[1] * page_size
+        if any(n < b - a or n > cap for n, a, b in zip(lens, offsets, offsets[1:])):
             raise InputError("cache_seqlens", "each length must be >= its new tokens and fit the block table's "
                              f"{block_table.shape[1]} pages of {page_size}")
-        if B and block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
+        if B and block_table.numel() and (host[-2] < 0 or host[-1] >= k_cache.shape[0]):
             raise InputError("block_table", f"page ids must lie in [0, {k_cache.shape[0]})")
     return launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_q, max_seqlen_q,
                          _scale(scale, q.shape[-1]))

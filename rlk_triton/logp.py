@@ -14,7 +14,7 @@ from typing import Union
 
 import torch
 
-from ._runtime import interpreter_active
+from ._runtime import first_id_outside, interpreter_active
 from .errors import (BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
 from .ops import linear_logp as _linear_op
@@ -377,11 +377,7 @@ def _check_ignore_index(ignore_index):
 
 
 def _check_targets(flat_targets, V, ignore_index):
-    if flat_targets.numel() == 0:
-        return
-    bad = ((flat_targets < 0) | (flat_targets >= V)) & (flat_targets != ignore_index)
-    if bool(bad.any()):  # the one host sync of validation
-        pos = int(bad.nonzero()[0, 0])
-        val = int(flat_targets[pos])
-        raise TargetIndexError("target_ids", f"id {val} at flat position {pos} is outside "
+    bad = first_id_outside(flat_targets, 0, V, ignore_index)  # the one host sync of validation
+    if bad is not None:
+        raise TargetIndexError("target_ids", f"id {bad[1]} at flat position {bad[0]} is outside "
                                f"[0, {V}) and is not ignore_index={ignore_index}")

@@ -165,6 +165,16 @@ def test_decode_lengths_and_pages_past_the_cache_are_clamped(device):
     o, l = attention_decode(q2, kc, vc, bt, _cu(device, lens), _cu(device, [0, 3, 600]), max_seqlen_q=3,
                             validate=False)
     assert torch.equal(o, ref_o) and torch.equal(l, ref_l)
+    # validation names each broken promise: a chunk longer than its sequence's cache, one page id past
+    # the cache (the only bad one)
+    with pytest.raises(InputError) as e:
+        attention_decode(q2, kc, vc, bt, _cu(device, [2, 21]), _cu(device, [0, 3, 6]))
+    assert e.value.argument == "cache_seqlens"
+    past = bt.clone()
+    past[1, -1] = kc.shape[0]
+    with pytest.raises(InputError) as e:
+        attention_decode(qn, kc, vc, past, _cu(device, lens))
+    assert e.value.argument == "block_table"
     # an empty cache: nothing to read, every row sees no key
     empty = kc[:0]
     o, l = attention_decode(qn, empty, empty, bt, _cu(device, lens), validate=False)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rlk_triton import errors
+from rlk_triton import _runtime, errors
 from rlk_triton.logp import selected_logp, selected_logp_indexed
 
 
@@ -129,3 +129,23 @@ def test_cpu_tensors_without_interpreter_raise(monkeypatch):
 def test_errors_are_value_errors_with_the_argument_name():
     e = errors.TargetIndexError("target_ids", "bad")
     assert isinstance(e, ValueError) and isinstance(e, IndexError) and str(e).startswith("target_ids:")
+
+
+@pytest.mark.parametrize("n", (1, 7, _runtime.HOST_CHECK_MAX_IDS, _runtime.HOST_CHECK_MAX_IDS + 1, 1000))
+def test_first_id_outside_finds_the_first_bad_id_on_both_paths(n):
+    """The range check of ids (targets, token ids, positions, group ids): the host copy up to
+    HOST_CHECK_MAX_IDS ids and the device ops above it answer alike: the first flat position outside
+    [lo, hi) that is not the allowed id, with its value, or None."""
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(0, 50, (n,), generator=g)
+    assert _runtime.first_id_outside(ids, 0, 50) is None
+    assert _runtime.first_id_outside(ids[:0], 0, 50) is None
+    ids[n // 2] = -100  # the allowed id (an ignore_index) below lo
+    assert _runtime.first_id_outside(ids, 0, 50, allowed=-100) is None
+    assert _runtime.first_id_outside(ids, 0, 50) == (n // 2, -100)
+    ids[n - 1] = 50
+    want = (n // 2, -100) if n > 1 else (0, 50)
+    assert _runtime.first_id_outside(ids, 0, 50) == want
+    assert _runtime.first_id_outside(ids, 0, 50, allowed=-100) == ((n - 1, 50) if n > 1 else (0, 50))
+    assert _runtime.first_id_outside(ids.to(torch.int32), 0, 50, allowed=-100) == \
+        _runtime.first_id_outside(ids, 0, 50, allowed=-100)

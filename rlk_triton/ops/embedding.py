@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, interpreter_active
+from .._runtime import arch_of, first_id_outside, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
 from .launch import cached, cdiv, next_power_of_2
@@ -206,11 +206,9 @@ def embedding(token_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None
             raise InputError("padding_idx", f"must be None or an int in [{-V}, {V}), got {padding_idx!r}")
         pad = padding_idx % V
     flat = token_ids.reshape(-1).contiguous()
-    if validate and flat.numel():
-        bad = (flat < 0) | (flat >= V)
-        if bool(bad.any()):  # the one host sync of validation
-            at = int(bad.nonzero()[0, 0])
-            raise IdRangeError("token_ids", f"id {int(flat[at])} at flat position {at} is outside [0, {V})")
+    bad = first_id_outside(flat, 0, V) if validate else None  # the one host sync of validation
+    if bad is not None:
+        raise IdRangeError("token_ids", f"id {bad[1]} at flat position {bad[0]} is outside [0, {V})")
     out = call_embedding_fwd(flat, weight, pad)
     return out.view(*token_ids.shape, weight.shape[1])
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, as_device, interpreter_active
+from .._runtime import arch_of, as_device, first_id_outside, interpreter_active
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
 from .launch import cached, cdiv, next_power_of_2
@@ -344,12 +344,10 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
     if position_ids.device != q.device:
         raise DeviceError("position_ids", f"on {position_ids.device}, q on {q.device}")
     flat_pos = position_ids.reshape(-1).contiguous()
-    if validate and flat_pos.numel():
-        bad = (flat_pos < 0) | (flat_pos >= cos.shape[0])
-        if bool(bad.any()):  # the one host sync of validation
-            at = int(bad.nonzero()[0, 0])
-            raise IdRangeError("position_ids", f"position {int(flat_pos[at])} at flat position {at} is outside "
-                               f"the tables [0, {cos.shape[0]})")
+    bad = first_id_outside(flat_pos, 0, cos.shape[0]) if validate else None  # the one host sync of validation
+    if bad is not None:
+        raise IdRangeError("position_ids", f"position {bad[1]} at flat position {bad[0]} is outside "
+                           f"the tables [0, {cos.shape[0]})")
     q_rot, k_rot = call_rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
     return q_rot.view(q.shape), (k_rot.view(k.shape) if k is not None else None)
 
