@@ -238,7 +238,7 @@ def attention_cases():
                           cu_ptr=cu, so_t=Hq * D, so_h=D, slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N,
                           sacc_t=Hq * D, sacc_h=D, qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D,
                           CAUSAL=True, STATE_IN=False, STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m,
-                          BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat),
+                          BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat, HEAVY_FIRST=f.heavy_first),
                      f.num_warps, f.num_stages))
     d = configs.lookup_decode("sm90", bf, D)
     cache = _t(64, 256, Hkv, D)

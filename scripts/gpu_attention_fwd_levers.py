@@ -2,9 +2,12 @@
 against the locked row and against the pointer path (tma_loads and flat off), same run (issue 18).
 
   tma_loads K and V read through TMA descriptors over [N, Hkv * D];
-  flat    one query tile per program in a straight line (the grid-stride loop only past the grid).
-Both move and schedule the same tiles: every variant must give the locked row's bits (torch.equal on
-out and lse, reported per row; exit 1 otherwise).
+  flat    one query tile per program in a straight line (the grid-stride loop only past the grid);
+  heavy_first  the grid's tiles in reverse order (the longest causal rows first).
+All move and schedule the same tiles: every variant must give the locked row's bits (torch.equal on
+out and lse, reported per row; exit 1 otherwise). An experimental kernel with the reverse order and the
+straight-line tile ran 1.19x the locked loop at D=64 (h200-attention-fwd-levers-2026-12-04.json):
+heavy_first is here to find out whether the order is what did it.
 
 The first version of this script (de9d347) timed experimental kernels: warp specialization of the
 unmasked loop, an FMA softmax (another rounding), block_n 128 and a reversed tile order gave no
@@ -35,6 +38,10 @@ VARIANTS = {  # name: fields replaced in the locked row
     "tma_loads flat": dict(tma_loads=True, flat=True),
     "tma_loads s4": dict(tma_loads=True, flat=False, num_stages=4),
     "tma_loads flat s4": dict(tma_loads=True, flat=True, num_stages=4),
+    "heavy_first": dict(tma_loads=False, flat=False, heavy_first=True),
+    "flat heavy_first": dict(tma_loads=False, flat=True, heavy_first=True),
+    "tma_loads flat heavy_first": dict(tma_loads=True, flat=True, heavy_first=True),
+    "tma_loads heavy_first": dict(tma_loads=True, flat=False, heavy_first=True),
 }
 
 
@@ -80,7 +87,7 @@ def main():
         flops = sum(2 * 2 * n * (n + 1) / 2 * d * hq for n in lens)
         row0 = {"shape": shape, "variant": "locked",
                 "config": [locked.block_m, locked.block_n, locked.num_warps, locked.num_stages, locked.tma_loads,
-                           locked.flat],
+                           locked.flat, locked.heavy_first],
                 "ms": base_ms, "tflops": flops / base_ms / 1e9}
         report["rows"].append(row0)
         print(row0, flush=True)
@@ -90,7 +97,8 @@ def main():
                 continue
             cfg = dataclasses.replace(locked, **VARIANTS[name])
             row = {"shape": shape, "variant": name,
-                   "config": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.tma_loads, cfg.flat]}
+                   "config": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.tma_loads, cfg.flat,
+                              cfg.heavy_first]}
             try:
                 o, s = ops.launch_forward(q, k, v, cu, L, sc, True, cfg=cfg)
                 ms = timer(lambda: ops.launch_forward(q, k, v, cu, L, sc, True, cfg=cfg))

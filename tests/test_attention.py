@@ -210,8 +210,9 @@ def test_backward_whole_block_loops_give_the_masked_bits(device, dtype, causal, 
 
 @pytest.mark.parametrize("dtype, causal", ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True)))
 def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
-    """configs tma_loads / flat: K and V through TMA descriptors, one tile per program in a straight line.
-    Both are how the forward moves and schedules the same tiles, so out and lse keep the pointer path's
+    """configs tma_loads / flat / heavy_first: K and V through TMA descriptors, one tile per program in a
+    straight line, the grid's tiles in reverse order. All are how the forward moves and schedules the
+    same tiles, so out and lse keep the pointer path's
     bits: for a pack with tails and GQA, with a max_seqlen shorter than the longest sequence (the tiles
     past the grid), for K / V sliced from one tensor, for K / V that TMA cannot read (a head stride
     other than D: the pointer loads), for the first sequence beside infs in the next one's V (a TMA
@@ -228,7 +229,7 @@ def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
     pairs = torch.randn(N, Hkv, 2, D, generator=gen).to(device, dtype)
     cu, sc = cu_of(lens, device), D ** -0.5
     locked = ops._cfg("attention_fwd", q)
-    plain = dataclasses.replace(locked, tma_loads=False, flat=False)
+    plain = dataclasses.replace(locked, tma_loads=False, flat=False, heavy_first=False)
     bn = locked.block_n
     # TMA reads a token stride other than Hkv x D (k, v sliced from one tensor), never a head stride
     # other than D (pairs: K and V of a head interleaved)
@@ -251,11 +252,13 @@ def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
                                                                state_out=True, cfg=cfg)[2])]
 
     ref = runs(plain)
-    for tma_loads, flat in ((True, False), (False, True), (True, True)):
-        got = runs(dataclasses.replace(locked, tma_loads=tma_loads, flat=flat))
+    for tma_loads, flat, heavy_first in ((True, False, False), (False, True, False), (True, True, False),
+                                         (False, False, True), (True, True, True)):
+        got = runs(dataclasses.replace(locked, tma_loads=tma_loads, flat=flat, heavy_first=heavy_first))
         for case, a, b in zip(("pack", "short max_seqlen", "token stride", "head stride", "inf after", "kv range"), ref, got):
             for name, x, y in zip(("out", "lse"), a, b):
-                assert torch.equal(x, y), (tma_loads, flat, case, name, (x.double() - y.double()).abs().max())
+                assert torch.equal(x, y), (tma_loads, flat, heavy_first, case, name,
+                                           (x.double() - y.double()).abs().max())
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ def _fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, FLAT: tl.constexpr,
+    TMA: tl.constexpr, FLAT: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
@@ -152,6 +152,8 @@ def _fwd_kernel(
     n_tiles = tl.cdiv(seq_len, BLOCK_M)
     # Row blocks stride by the grid: a max_seqlen shorter than the sequence costs time, not rows.
     first = tl.program_id(0)
+    if HEAVY_FIRST:  # the grid's last tiles (the longest causal rows) start first
+        first = tl.num_programs(0) - 1 - first
     if FLAT:  # the grid's own tile in a straight line; the stride loop only for tiles past the grid
         if first < n_tiles:
             _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t,
@@ -596,6 +598,7 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
         scale * LOG2E, lo, hi, N,
         GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
         UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, FLAT=cfg.flat,
+        HEAVY_FIRST=cfg.heavy_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
