@@ -369,7 +369,77 @@ def _decode_row(arch, dt, d_bucket, bucket, fwd):
     return MatmulConfig(fwd[0], fwd[1], 0, 1, fwd[2], fwd[3])
 
 
-LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = {**_rows(), **_matmul_rows()}
+class _Table(dict):
+    """The locked-config table: a dict whose every change empties the lookups' memo (tests and sweep
+    scripts replace rows in-process; a lookup never answers from a row that is no longer there)."""
+
+    @staticmethod
+    def _changed():
+        _MEMO.clear()
+        table_arch.cache_clear()
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def pop(self, *args):
+        out = super().pop(*args)
+        self._changed()
+        return out
+
+    def popitem(self):
+        out = super().popitem()
+        self._changed()
+        return out
+
+    def setdefault(self, key, default=None):
+        out = super().setdefault(key, default)
+        self._changed()
+        return out
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+
+# (lookup function, its arguments) -> config: a launch's lookup is a dict hit (host time of small ops),
+# emptied on every change of the table and when it grows past _MEMO_MAX (row counts are arguments).
+_MEMO: dict = {}
+_MEMO_MAX = 4096
+
+
+def _memo(fn):
+    def lookup(*args, **kwargs):
+        key = (fn, args, tuple(kwargs.items())) if kwargs else (fn, args)
+        try:
+            return _MEMO[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument: no memo
+            return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)  # raises KeyError for a missing row: nothing stored
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[key] = out
+        return out
+    lookup.__name__, lookup.__qualname__, lookup.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    lookup.__wrapped__ = fn
+    return lookup
+
+
+LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = _Table({**_rows(), **_matmul_rows()})
 
 # MatmulConfig.small_rows_chunks_per_pass applies to calls of at most this many rows.
 SMALL_PASS_ROWS = 2048
@@ -393,6 +463,7 @@ def table_arch(arch: str, kernel: str | None = None) -> str:
     raise KeyError(f"no locked configs for arch {arch!r}")
 
 
+@_memo
 def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
     """The locked config of a launch. Raises KeyError for a combination the table does not hold."""
     dt = str(dtype).removeprefix("torch.")
@@ -403,6 +474,7 @@ def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
         raise KeyError(f"no locked config for {key}") from None
 
 
+@_memo
 def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype, rows: int | None = None,
                   cols: int | None = None) -> MatmulConfig:
     """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype), and for a kernel with
@@ -419,6 +491,7 @@ def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype, rows: int | None =
         raise KeyError(f"no locked config for {key}") from None
 
 
+@_memo
 def lookup_decode(arch: str, dtype: torch.dtype, head_dim: int, pairs: int | None = None,
                   q_rows: int = 1) -> MatmulConfig:
     """attention_decode's config for a step of `pairs` (sequence, kv head) pairs with `q_rows` query
@@ -434,6 +507,7 @@ def lookup_decode(arch: str, dtype: torch.dtype, head_dim: int, pairs: int | Non
         raise KeyError(f"no locked config for {key}") from None
 
 
+@_memo
 def lookup_attention(kernel: str, arch: str, dtype: torch.dtype, head_dim: int) -> MatmulConfig:
     """The locked tiles of an attention kernel: a function of (kernel, arch, dtype, head dim) only."""
     dt = str(dtype).removeprefix("torch.")

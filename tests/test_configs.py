@@ -85,3 +85,30 @@ def test_attention_dkdv_tiles_have_at_least_as_many_query_rows_as_keys():
     assert rows
     for key, cfg in rows.items():
         assert cfg.block_m >= cfg.block_n, (key, cfg)
+
+
+def test_lookups_follow_every_change_of_the_table(monkeypatch):
+    """Lookups are memoized (a launch's host time); every way of changing the table empties the memo,
+    so a replaced row is what the next lookup returns, and the old one again once it is put back."""
+    key = ("rmsnorm_fwd", "interpreter", "float32", configs.v_bucket(4096))
+    att = ("attention_fwd", "interpreter", "bfloat16", "d<=128")
+    old, old_att = configs.LOCKED_CONFIGS[key], configs.LOCKED_CONFIGS[att]
+    assert configs.lookup("rmsnorm_fwd", "interpreter", torch.float32, 4096) is old
+    assert configs.lookup_attention("attention_fwd", "interpreter", torch.bfloat16, 64) is old_att
+    new = configs.LaunchConfig(old.block_v * 2, old.num_warps, old.num_stages)
+    with monkeypatch.context() as m:
+        m.setitem(configs.LOCKED_CONFIGS, key, new)
+        assert configs.lookup("rmsnorm_fwd", "interpreter", torch.float32, 4096) is new
+    assert configs.lookup("rmsnorm_fwd", "interpreter", torch.float32, 4096) is old
+    saved = dict(configs.LOCKED_CONFIGS)
+    try:
+        configs.LOCKED_CONFIGS.clear()  # as the sweep scripts restore the table
+        with pytest.raises(KeyError):
+            configs.lookup_attention("attention_fwd", "interpreter", torch.bfloat16, 64)
+        configs.LOCKED_CONFIGS.update(saved | {att: new})
+        assert configs.lookup_attention("attention_fwd", "interpreter", torch.bfloat16, 64) is new
+    finally:
+        configs.LOCKED_CONFIGS.clear()
+        configs.LOCKED_CONFIGS.update(saved)
+    assert configs.lookup_attention("attention_fwd", "interpreter", torch.bfloat16, 64) is old_att
+    assert configs.LOCKED_CONFIGS == saved

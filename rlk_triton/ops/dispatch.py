@@ -59,9 +59,16 @@ def autograd_op(op, backward: Callable, setup_context: Callable) -> Callable:
     def call(*args):
         if len(args) != n_args:  # setup_context unpacks every input, defaults included
             raise TypeError(f"rlk_triton::{name} takes all {n_args} arguments positionally, got {len(args)}")
-        if _traced(args):
+        if torch.compiler.is_compiling():
             return op(*args)
-        if wants_grad(args):
+        # _traced and wants_grad in one pass over the arguments (a small op's host time is the point)
+        grad, record = torch.is_grad_enabled(), False
+        for a in args:
+            if type(a) in _PLAIN:
+                record = record or (grad and a.requires_grad)
+            elif isinstance(a, torch.Tensor):  # fake or functional: traced
+                return op(*args)
+        if record:
             return Eager.apply(*args)
         return impl(*args)
 

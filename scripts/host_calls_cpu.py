@@ -1,0 +1,96 @@
+"""Host time of public calls at decode sizes on this CPU, with every Triton launch stubbed out: what a
+call costs in Python before and around its launches (checks, dispatch, config lookups, allocations,
+validation), the part of an eager call's wall time that is not the kernel (issue 20). A proxy for
+the GPU host: the launches themselves are not counted, and a GPU machine's CPU is faster or slower.
+
+    python scripts/host_calls_cpu.py [--json FILE] [--label TEXT]
+
+Kernels are never run: rlk_triton.ops.launch.CachedLaunch.launch is replaced by a no-op and the
+interpreter flag is faked so that CPU tensors pass the device checks; outputs are garbage. Each row:
+the median over 7 rounds of 2000 calls, microseconds per call.
+"""
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import rlk_triton._runtime as _runtime
+
+_runtime.interpreter_active = lambda: True  # CPU tensors pass the device checks; nothing is interpreted
+from rlk_triton.ops import launch  # noqa: E402
+
+launch.CachedLaunch.launch = lambda self, grid, args, meta: None
+
+import torch  # noqa: E402
+
+from rlk_triton.attention import attention_decode  # noqa: E402
+from rlk_triton.logp import selected_logp  # noqa: E402
+from rlk_triton.ops.embedding import embedding  # noqa: E402
+from rlk_triton.ops.matmul import matmul  # noqa: E402
+from rlk_triton.ops.rmsnorm import rms_norm  # noqa: E402
+from rlk_triton.ops.rope import apply_rope  # noqa: E402
+from rlk_triton.ops.swiglu import swiglu  # noqa: E402
+
+
+def calls():
+    bf = torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 4096, generator=g).to(bf), torch.ones(4096, dtype=bf)
+    gate, up = torch.randn(8, 14336, generator=g).to(bf), torch.randn(8, 14336, generator=g).to(bf)
+    W = torch.randn(4096, 4096, generator=g).to(bf)
+    ids, E = torch.randint(0, 1000, (8,), generator=g), torch.randn(1000, 4096, generator=g).to(bf)
+    logits, target = torch.randn(1, 151936, generator=g).to(bf), torch.randint(0, 151936, (1,), generator=g)
+    q, k = torch.randn(8, 32, 128, generator=g).to(bf), torch.randn(8, 8, 128, generator=g).to(bf)
+    cos, sin = torch.randn(4096, 64, generator=g), torch.randn(4096, 64, generator=g)
+    pos = torch.randint(0, 4096, (8,), generator=g)
+    kc = torch.zeros(64, 256, 8, 128, dtype=bf)
+    bt = torch.arange(64, dtype=torch.int32).reshape(8, 8)
+    lens = torch.full((8,), 1000, dtype=torch.int32)
+    xg, wg, dy = x.clone().requires_grad_(), w.clone().requires_grad_(), torch.randn(8, 4096, generator=g).to(bf)
+
+    def rms_fwd_bwd():
+        return torch.autograd.grad(rms_norm(xg, wg), (xg, wg), dy)
+
+    return {
+        "rms_norm fwd [8 x 4096]": lambda: rms_norm(x, w),
+        "rms_norm fwd+bwd [8 x 4096]": rms_fwd_bwd,
+        "swiglu fwd [8 x 14336]": lambda: swiglu(gate, up),
+        "matmul [8 x 4096] @ [4096 x 4096]^T": lambda: matmul(x, W.t()),
+        "embedding fwd 8 ids": lambda: embedding(ids, E),
+        "apply_rope 8 tokens, 32 + 8 heads": lambda: apply_rope(q, k, cos, sin, pos),
+        "selected_logp [1 x 151936]": lambda: selected_logp(logits, target),
+        "attention_decode 8 seqs x 1000 cached": lambda: attention_decode(q, kc, kc, bt, lens),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = []
+    for name, fn in calls().items():
+        for _ in range(200):
+            fn()
+        rounds = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            rounds.append((time.perf_counter() - t0) / 2000 * 1e6)
+        rows.append({"call": name, "host_us": statistics.median(rounds)})
+        print(f"{name:40s} {rows[-1]['host_us']:7.1f} us", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"what": __doc__.splitlines()[0], "commit": commit, "label": args.label,
+                       "cpu": platform.processor() or platform.machine(), "python": sys.version.split()[0],
+                       "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
