@@ -23,12 +23,14 @@ from rlk_triton.bench import FAMILIES, cases, timing
 from rlk_triton.bench.report import device_ms, header
 from rlk_triton.ops import dispatch, launch
 
-_eager_traced = dispatch._traced
+_eager_traced, _eager_route = dispatch._traced, dispatch.route
 
 
 def _path(name: str) -> None:
-    # the dispatcher path: every call looks traced, so it goes through the custom op
+    # the dispatcher path: every call looks traced, so it goes through the custom op (public calls
+    # through dispatch.route, backward ops through dispatch._traced)
     dispatch._traced = (lambda args: True) if name == "dispatcher" else _eager_traced
+    dispatch.route = (lambda args: dispatch.OP) if name == "dispatcher" else _eager_route
     launch.ENABLED = name != "no launch cache"
 
 

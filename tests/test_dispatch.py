@@ -151,3 +151,24 @@ def test_double_backward_still_refuses(device):
 def test_traced_detects_subclasses_and_compiling():
     assert not dispatch._traced((torch.ones(1), 1.0, None))
     assert not dispatch._traced((torch.nn.Parameter(torch.ones(1)),))
+
+
+def test_route_is_traced_then_wants_grad_in_one_pass():
+    """dispatch.route (the public calls' one-pass check) answers as _traced, then wants_grad: the custom
+    op for tensor subclasses (fake / functional tensors), the autograd.Function when a graph would
+    be recorded, else the implementation."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    plain, leaf = torch.ones(2), torch.ones(2, requires_grad=True)
+    sub = torch.ones(2).as_subclass(Sub)
+    cases = [(plain, 1.0, None), (leaf, 3), (torch.nn.Parameter(torch.ones(2)),), (plain, sub), (leaf, sub),
+             (sub, leaf), (None, True, "x"), ()]
+    for grad_mode in (True, False):
+        with torch.set_grad_enabled(grad_mode):
+            for args in cases:
+                want = (dispatch.OP if dispatch._traced(args) else
+                        dispatch.EAGER if dispatch.wants_grad(args) else dispatch.IMPL)
+                assert dispatch.route(args) == want, (grad_mode, args)
+    assert dispatch.route((leaf,)) == dispatch.EAGER and dispatch.route((plain, sub)) == dispatch.OP

@@ -35,6 +35,24 @@ def wants_grad(args) -> bool:
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+OP, EAGER, IMPL = "op", "eager", "impl"
+
+
+def route(args) -> str:
+    """Where a public call goes: OP (the custom op) when _traced(args), else EAGER (the autograd.Function)
+    when wants_grad(args), else IMPL. Both checks in one pass over the arguments (a small op's host
+    time is the point)."""
+    if torch.compiler.is_compiling():
+        return OP
+    grad, record = torch.is_grad_enabled(), False
+    for a in args:
+        if type(a) in _PLAIN:
+            record = record or (grad and a.requires_grad)
+        elif isinstance(a, torch.Tensor):  # fake or functional: traced
+            return OP
+    return EAGER if record else IMPL
+
+
 def autograd_op(op, backward: Callable, setup_context: Callable) -> Callable:
     """Register (backward, setup_context) on the custom op `op` and return the callable the public
     functions use: `op` itself under tracing, else the op's own implementation, inside an
@@ -59,18 +77,10 @@ def autograd_op(op, backward: Callable, setup_context: Callable) -> Callable:
     def call(*args):
         if len(args) != n_args:  # setup_context unpacks every input, defaults included
             raise TypeError(f"rlk_triton::{name} takes all {n_args} arguments positionally, got {len(args)}")
-        if torch.compiler.is_compiling():
-            return op(*args)
-        # _traced and wants_grad in one pass over the arguments (a small op's host time is the point)
-        grad, record = torch.is_grad_enabled(), False
-        for a in args:
-            if type(a) in _PLAIN:
-                record = record or (grad and a.requires_grad)
-            elif isinstance(a, torch.Tensor):  # fake or functional: traced
-                return op(*args)
-        if record:
-            return Eager.apply(*args)
-        return impl(*args)
+        where = route(args)
+        if where is IMPL:
+            return impl(*args)
+        return Eager.apply(*args) if where is EAGER else op(*args)
 
     call.op, call.eager = op, Eager
     call.__name__ = call.__qualname__ = name
