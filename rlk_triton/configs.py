@@ -80,9 +80,9 @@ class MatmulConfig:
     # attention forward: one query tile per program in a straight line, the grid-stride loop kept only
     # for tiles past the grid (a max_seqlen shorter than a sequence). The same tiles in the same order.
     flat: bool = False
-    # attention forward: the grid's query tiles in reverse order (program 0 takes the grid's last
-    # tile), so the longest causal rows start first and the short ones fill the tail. Which program
-    # runs a tile, never the tile's math.
+    # attention forward and dq: the grid's query tiles in reverse order (program 0 takes the grid's
+    # last tile), so the longest causal rows start first and the short ones fill the tail. Which
+    # program runs a tile, never the tile's math. (dk / dv's longest KV blocks are its first already.)
     heavy_first: bool = False
 
 

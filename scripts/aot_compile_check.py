@@ -260,7 +260,7 @@ def attention_cases():
         c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
                      dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                          SPLIT=split), c.num_warps, c.num_stages))
+                          SPLIT=split, HEAVY_FIRST=c.heavy_first), c.num_warps, c.num_stages))
     return rows
 
 

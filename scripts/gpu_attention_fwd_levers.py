@@ -7,7 +7,8 @@ against the locked row and against the pointer path (tma_loads and flat off), sa
 All move and schedule the same tiles: every variant must give the locked row's bits (torch.equal on
 out and lse, reported per row; exit 1 otherwise). An experimental kernel with the reverse order and the
 straight-line tile ran 1.19x the locked loop at D=64 (h200-attention-fwd-levers-2026-12-04.json):
-heavy_first is here to find out whether the order is what did it.
+heavy_first is here to find out whether the order is what did it. Then the backward with heavy_first
+on the dq row (its bits checked too).
 
 The first version of this script (de9d347) timed experimental kernels: warp specialization of the
 unmasked loop, an FMA softmax (another rounding), block_n 128 and a reversed tile order gave no
@@ -22,6 +23,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 if "--smoke" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -43,6 +45,26 @@ VARIANTS = {  # name: fields replaced in the locked row
     "tma_loads flat heavy_first": dict(tma_loads=True, flat=True, heavy_first=True),
     "tma_loads heavy_first": dict(tma_loads=True, flat=False, heavy_first=True),
 }
+
+
+@contextmanager
+def _rows(dtype, head_dim, fields):
+    """This device's locked attention rows with `fields` ({kernel: {field: value}}) replaced, restored
+    after."""
+    from rlk_triton import configs
+    from rlk_triton._runtime import default_arch
+
+    arch, dt = default_arch(), str(dtype).removeprefix("torch.")
+    bucket = "d<=128" if head_dim <= 128 else "d256"
+    saved = dict(configs.LOCKED_CONFIGS)
+    try:
+        for kernel, f in fields.items():
+            key = (kernel, configs.table_arch(arch, kernel), dt, bucket)
+            configs.LOCKED_CONFIGS[key] = dataclasses.replace(configs.LOCKED_CONFIGS[key], **f)
+        yield
+    finally:
+        configs.LOCKED_CONFIGS.clear()
+        configs.LOCKED_CONFIGS.update(saved)
 
 
 def main():
@@ -110,7 +132,26 @@ def main():
             print(row, flush=True)
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
-        del q, k, v, ref
+        # the backward with dq's tiles in reverse order (heavy_first on the dq row), against the locked rows
+        out, lse = ref
+        do = torch.randn(out.shape, device=dev, generator=g).to(dt)
+        grads, bwd_ms = None, None
+        for name, fields in (("locked", {}), ("dq heavy_first", {"attention_bwd_dq": dict(heavy_first=True)})):
+            if time.time() - t0 > args.time_box:
+                report.setdefault("not_run", []).append(f"{shape}: backward {name}")
+                continue
+            row = {"shape": shape, "pass": "backward", "variant": name}
+            with _rows(dt, d, fields):
+                got = ops.launch_backward(do, None, q, k, v, out, lse, cu, L, sc, True)
+                ms = timer(lambda: ops.launch_backward(do, None, q, k, v, out, lse, cu, L, sc, True))
+            row["ms"] = ms
+            if grads is None:
+                grads, bwd_ms = got, ms
+            else:
+                row |= {"vs_locked": bwd_ms / ms, "bitwise_vs_locked": all(torch.equal(a, b) for a, b in zip(grads, got))}
+            report["rows"].append(row)
+            print(row, flush=True)
+        del q, k, v, ref, out, lse, do, grads
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     bad = [r for r in report["rows"] if r["variant"] != "locked" and not r.get("bitwise_vs_locked")]

@@ -261,6 +261,32 @@ def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
                                            (x.double() - y.double()).abs().max())
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
+    """configs heavy_first on the dq row (the grid's query tiles in reverse order) and on the forward's:
+    out, lse, dq, dk and dv keep their bits, for a pack with tails and GQA and with the backward's
+    whole-block loops on."""
+    gen = torch.Generator().manual_seed(9)
+    Hq, Hkv, D = 4, 2, 16
+    lens = [53, 16, 9, 40, 1] if device == "cpu" else [4100, 700, 33, 2048, 1]
+    seqs = [_seq(gen, L, Hq, Hkv, D, dtype, device) for L in lens]
+    ups = [(torch.randn(s[0].shape[0], Hq, D, generator=gen).to(device),
+            torch.randn(Hq, s[0].shape[0], generator=gen).to(device)) for s in seqs]
+    order = list(range(len(seqs)))
+    _with_backward_split(monkeypatch, device, dtype, 17 if device == "cpu" else 1024)
+    runs = []
+    for heavy_first in (False, True):
+        arch, dt = arch_of(torch.device(device)), str(dtype).removeprefix("torch.")
+        for kernel in ("attention_fwd", "attention_bwd_dq"):
+            key = (kernel, configs.table_arch(arch, kernel), dt, "d<=128")
+            monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
+                                dataclasses.replace(configs.LOCKED_CONFIGS[key], heavy_first=heavy_first))
+        runs.append(_run_pack(seqs, order, ups, device))
+    for i in order:
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[0][i], runs[1][i]):
+            assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_batch_invariance_harness(device, dtype):

@@ -153,9 +153,7 @@ def _fwd_kernel(
     start, seq_len = _span(cu_ptr, seq, N)
     n_tiles = tl.cdiv(seq_len, BLOCK_M)
     # Row blocks stride by the grid: a max_seqlen shorter than the sequence costs time, not rows.
-    first = tl.program_id(0)
-    if HEAVY_FIRST:  # the grid's last tiles (the longest causal rows) start first
-        first = tl.num_programs(0) - 1 - first
+    first = _first_tile(HEAVY_FIRST)
     if FLAT:  # the grid's own tile in a straight line; the stride loop only for tiles past the grid
         if first < n_tiles:
             _fwd_row_block(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, lse_ptr, sq_t, sq_h, sk_t, sk_h, sv_t,
@@ -168,6 +166,17 @@ def _fwd_kernel(
                        so_t, so_h, slse_h, m_st_ptr, l_st_ptr, acc_st_ptr, s_st_h, sacc_t, sacc_h, qk_scale, kv_lo,
                        kv_hi, mb, h, start, seq_len, GROUP, HEAD_DIM, CAUSAL, STATE_IN, STATE_OUT, UPCAST, IEEE,
                        BLOCK_M, BLOCK_N, TMA)
+
+
+@triton.jit
+def _first_tile(HEAVY_FIRST: tl.constexpr):
+    """The first query tile of this program along grid axis 0 (then every num_programs(0)-th):
+    program i takes tile i, or with HEAVY_FIRST the grid's tile from the end (the longest causal rows
+    start first). Which program runs a tile, never the tile's math."""
+    first = tl.program_id(0)
+    if HEAVY_FIRST:
+        first = tl.num_programs(0) - 1 - first
+    return first
 
 
 @triton.jit
@@ -497,11 +506,12 @@ def _bwd_dq_kernel(
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
 ):
     seq = tl.program_id(1)
     h = tl.program_id(2)
     start, seq_len = _span(cu_ptr, seq, N)
-    for mb in range(tl.program_id(0), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
+    for mb in range(_first_tile(HEAVY_FIRST), tl.cdiv(seq_len, BLOCK_M), tl.num_programs(0)):  # as the forward's
         _bwd_dq_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdq_t, sdq_h,
                       qk_scale, scale, mb, h, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST, IEEE,
@@ -689,7 +699,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
         scale * LOG2E, scale, N, cq.split_min_len, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
-        SPLIT=split_q, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+        SPLIT=split_q, HEAVY_FIRST=cq.heavy_first, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
     return dq, dk, dv
 
 
