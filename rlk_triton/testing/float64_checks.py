@@ -48,6 +48,47 @@ def summation_order_bound(n: int, abs_sum: float) -> float:
     return n * EPS * abs_sum
 
 
+def normalization_roundings_bound(n: int) -> float:
+    """Distance of two float64 evaluations of a normalization over n values ((x - mean) / (std + eps),
+    (x - mean) / sqrt(var + eps), x - the leave-one-out mean, mean / std in any summation order or
+    single / two-pass form), relative to the reference's scale (group_advantages_reference /
+    masked_whiten_reference: max |x| / den (1 + |out|), (|x| + mean|x| + |mean|) / den + |out|).
+    One side, to first order in u = eps / 2, with B = max |x|, S the denominator, d = x - mean:
+    the mean is off by <= n u B; each d by <= (n + 2) u B; sum d^2 / (n - 1) by
+    <= 2 (n + 2) u B sqrt(2 V) + (n + 2) u V (sum |d| <= sqrt(n (n - 1) V), n / (n - 1) <= 2); so the
+    std (<= 2 sqrt(2) B) by <= 4 (n + 2) u B; out = d / S then by <= (n + 2) u B / S
+    + 4 (n + 2) u |out| B / S + 2 u |out| (|out| <= 2 B / S) <= 4 (n + 3) u scale. Both sides:
+    8 (n + 3) u, doubled for a single-pass (Welford) variance on one side: 8 (n + 3) eps."""
+    return 8 * (n + 3) * EPS
+
+
+def denominator_eps_bound(eps: float, n: int) -> float:
+    """The change a framework's eps in the denominators of its masked means (sum / (count + eps)) makes
+    to a normalization over n >= 1 values, relative to the same scale: the mean moves by
+    |mean| eps / n, the variance by V eps / n (its first-order change through the mean is 0:
+    sum d = 0), so 1 / sqrt(var) by eps / 2n relatively: <= (eps / n) (|mean| / den + |out|). First
+    order; the rest is (eps / n)^2 of the scale."""
+    return eps / n
+
+
+# Roundings of one token's (or one sequence's) loss term past its sums, on one side, counted over the
+# longest formula of the policy / GSPO losses and their transcriptions: log ratio 1, exp of it 2 (a
+# libm exp is within 1 ulp), the advantage products and the dual clip 3, the TIS weight 4, the KL
+# estimator 6, the entropy and KL coefficients and their sum 4, the aggregation weight (a division)
+# and its product 2: 22, rounded up to 24.
+LOSS_TERM_ROUNDINGS = 24
+
+
+def loss_identity_bound(n_terms: int, denominator_eps: float = 0.0) -> float:
+    """Distance of two float64 evaluations of an RL loss (a weighted sum of n_terms token terms, or of
+    per-sequence means of them) or of one element of its gradient, relative to the magnitudes it is
+    computed from (rl_ops.policy_loss_scales / gspo_loss_scales): the sums in any order,
+    summation_order_bound's n eps; each term's roundings, LOSS_TERM_ROUNDINGS per side (u each:
+    eps for both); and a framework's eps in its mean denominators (1 / (count + eps) against
+    1 / count: eps / count <= eps relatively, counts >= 1)."""
+    return (n_terms + LOSS_TERM_ROUNDINGS) * EPS + denominator_eps
+
+
 def power_evaluations_bound(base: float, roundings: int) -> float:
     """Relative distance of two float64 evaluations of base ** e (e = +-2i / R, |e| <= 1) followed by
     the same formula written two ways: rounding e moves the power by ln(base) |e| u relatively, pow

@@ -239,17 +239,31 @@ def run_policy(inputs, spec, grad_loss=1.3, token_grad_seed=None, backend="trito
     total.backward()
     ours = {"loss": loss.detach(), "per_token_loss": per_token.detach(), **diag, "d_logp": logp.grad,
             "d_entropy": ours_kw["entropy"].grad if "entropy" in ours_kw else None}
-    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
-    mask = inputs["mask"].cpu().numpy()
+    x, mask, terms, weights = _policy_case(inputs, ref_kw)
     r_loss, r_tok, r_diag = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"], mask, **ref_kw)
     g_tok64 = None if g_tok is None else g_tok.double().numpy()
     r_dlogp, r_dent = policy_loss_grad_reference(x["logp"], x["old_logp"], x["advantages"], mask, grad_loss,
                                                  g_tok64, **ref_kw)
     ref = {"loss": r_loss, "per_token_loss": r_tok, **r_diag, "d_logp": r_dlogp, "d_entropy": r_dent}
+    return ours, ref, (x, ref_kw, terms, weights, grad_loss, g_tok64)
+
+
+def _policy_case(inputs, ref_kw):
+    """(inputs as float64 NumPy, mask, policy_loss_terms, aggregation weights) of a float64 policy case."""
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    mask = inputs["mask"].cpu().numpy()
     core = {k: v for k, v in ref_kw.items() if k not in ("aggregation", "normalizer")}
     terms = policy_loss_terms(x["logp"], x["old_logp"], x["advantages"], mask, **core)
-    weights = aggregation_weights(terms["active"], ref_kw["aggregation"], ref_kw["normalizer"])
-    return ours, ref, (x, ref_kw, terms, weights, grad_loss, g_tok64)
+    return x, mask, terms, aggregation_weights(terms["active"], ref_kw["aggregation"], ref_kw["normalizer"])
+
+
+def policy_loss_scales(inputs, spec):
+    """(loss scale, d logp sensitivity [B, T]) of the policy loss with upstream gradient 1: the
+    magnitudes its value and gradient are computed from (the scales judge_policy holds ours to)."""
+    _, ref_kw = policy_kwargs(inputs, spec)
+    x, _, terms, weights = _policy_case(inputs, ref_kw)
+    return (policy_forward_scales(x, ref_kw, terms, weights)["loss"],
+            policy_grad_sensitivity(x, ref_kw, terms, weights, 1.0, None)[0])
 
 
 def judge_policy(inputs, spec, device, grad_loss=1.3, token_grad_seed=1, backend="triton"):
@@ -407,6 +421,21 @@ def _gspo_pieces(x, mask, ref_kw):
             "k1_old": np.abs(x["old_logp"]) + np.abs(x["logp"])}
 
 
+def _gspo_scale_pieces(x, mask, ref_kw):
+    """(_gspo_pieces, the rows' aggregation weights) of a float64 GSPO case."""
+    p = _gspo_pieces(x, mask, ref_kw)
+    return p, gspo_row_weights(p["t"]["has"], p["t"]["n"], ref_kw.get("normalizer"), ref_kw.get("aggregation"))
+
+
+def gspo_loss_scales(inputs, spec):
+    """(loss scale, d logp sensitivity [B, T]) of the GSPO loss with upstream gradient 1: the
+    magnitudes its value and gradient are computed from (the scales judge_gspo holds ours to)."""
+    _, ref_kw = gspo_kwargs(inputs, spec)
+    x = {k: _np(v) for k, v in inputs.items() if k != "mask"}
+    p, w = _gspo_scale_pieces(x, inputs["mask"].cpu().numpy(), ref_kw)
+    return float((p["seq"] * w).sum()), np.abs(w)[:, None] * p["d_logp"]
+
+
 def run_gspo(inputs, spec, grad_loss=1.3, grad_rows_seed=None, backend="triton"):
     """gspo_loss and the float64 reference, values and gradients: (ours, ref, (x, mask, ref_kw, g_rows))."""
     ours_kw, ref_kw = gspo_kwargs(inputs, spec)
@@ -435,9 +464,8 @@ def judge_gspo(inputs, spec, device, grad_loss=1.3, grad_rows_seed=1, backend="t
     """{output or gradient: worst error / what the contract allows} (<= 1 passes)."""
     arch = arch_of(torch.device(device))
     ours, ref, (x, mask, ref_kw, g_rows) = run_gspo(inputs, spec, grad_loss, grad_rows_seed, backend)
-    p = _gspo_pieces(x, mask, ref_kw)
+    p, w = _gspo_scale_pieces(x, mask, ref_kw)
     has, active = p["t"]["has"], p["t"]["active"]
-    w = gspo_row_weights(has, p["t"]["n"], ref_kw.get("normalizer"), ref_kw.get("aggregation"))
     fwd = contracts.judgment(OP, torch.float32, "forward_accuracy", arch)["outputs"]
     r_ext = float(p["ratio"].max(initial=0.0))
     scales = {"gspo_loss": (float((p["seq"] * w).sum()), "gspo_loss"),
