@@ -175,15 +175,30 @@ def test_backward_deterministic(device):
         assert all(torch.equal(x, y) for x, y in zip(a[i], b[i]))
 
 
-def _with_backward_split(monkeypatch, device, dtype, min_len):
-    """Set split_min_len on the locked backward rows this device uses (0: off, the table's value)."""
-
+def _with_rows(monkeypatch, device, dtype, kernels, **fields):
+    """Replace `fields` in the locked d<=128 rows of `kernels` that this device uses."""
     arch = arch_of(torch.device(device))
     dt = str(dtype).removeprefix("torch.")
-    for kernel in ("attention_bwd_dkdv", "attention_bwd_dq"):
+    for kernel in kernels:
         key = (kernel, configs.table_arch(arch, kernel), dt, "d<=128")
-        monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
-                            dataclasses.replace(configs.LOCKED_CONFIGS[key], split_min_len=min_len))
+        monkeypatch.setitem(configs.LOCKED_CONFIGS, key, dataclasses.replace(configs.LOCKED_CONFIGS[key], **fields))
+
+
+def _with_backward_split(monkeypatch, device, dtype, min_len):
+    """Set split_min_len on the locked backward rows this device uses (0: off, the table's value)."""
+    _with_rows(monkeypatch, device, dtype, ("attention_bwd_dkdv", "attention_bwd_dq"), split_min_len=min_len)
+
+
+def _tailed_pack(device, dtype, seed):
+    """(lens, sequences, upstream gradients) of a GQA pack with tails and a one-token sequence, long
+    enough on the GPU to cross the backward's whole-block threshold."""
+    gen = torch.Generator().manual_seed(seed)
+    Hq, Hkv, D = 4, 2, 16
+    lens = [53, 16, 9, 40, 1] if device == "cpu" else [4100, 700, 33, 2048, 1]
+    seqs = [_seq(gen, L, Hq, Hkv, D, dtype, device) for L in lens]
+    ups = [(torch.randn(s[0].shape[0], Hq, D, generator=gen).to(device),
+            torch.randn(Hq, s[0].shape[0], generator=gen).to(device)) for s in seqs]
+    return lens, seqs, ups
 
 
 @pytest.mark.parametrize("causal", (True, False))
@@ -192,12 +207,7 @@ def test_backward_whole_block_loops_give_the_masked_bits(device, dtype, causal, 
     """configs split_min_len: sequences at least that long fold their whole blocks without the mask.
     Every output and gradient keeps the all-masked bits, for sequences on both sides of the threshold,
     tails, GQA and a pack of them (a per-sequence rule: batch invariance is untouched)."""
-    gen = torch.Generator().manual_seed(7)
-    Hq, Hkv, D = 4, 2, 16
-    lens = [53, 16, 9, 40, 1] if device == "cpu" else [4100, 700, 33, 2048, 1]
-    seqs = [_seq(gen, L, Hq, Hkv, D, dtype, device) for L in lens]
-    ups = [(torch.randn(s[0].shape[0], Hq, D, generator=gen).to(device),
-            torch.randn(Hq, s[0].shape[0], generator=gen).to(device)) for s in seqs]
+    lens, seqs, ups = _tailed_pack(device, dtype, 7)
     order = list(range(len(seqs)))
     runs = []
     for min_len in (0, 17 if device == "cpu" else 1024):
@@ -266,21 +276,12 @@ def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
     """configs heavy_first on the dq row (the grid's query tiles in reverse order) and on the forward's:
     out, lse, dq, dk and dv keep their bits, for a pack with tails and GQA and with the backward's
     whole-block loops on."""
-    gen = torch.Generator().manual_seed(9)
-    Hq, Hkv, D = 4, 2, 16
-    lens = [53, 16, 9, 40, 1] if device == "cpu" else [4100, 700, 33, 2048, 1]
-    seqs = [_seq(gen, L, Hq, Hkv, D, dtype, device) for L in lens]
-    ups = [(torch.randn(s[0].shape[0], Hq, D, generator=gen).to(device),
-            torch.randn(Hq, s[0].shape[0], generator=gen).to(device)) for s in seqs]
+    lens, seqs, ups = _tailed_pack(device, dtype, 9)
     order = list(range(len(seqs)))
     _with_backward_split(monkeypatch, device, dtype, 17 if device == "cpu" else 1024)
     runs = []
     for heavy_first in (False, True):
-        arch, dt = arch_of(torch.device(device)), str(dtype).removeprefix("torch.")
-        for kernel in ("attention_fwd", "attention_bwd_dq"):
-            key = (kernel, configs.table_arch(arch, kernel), dt, "d<=128")
-            monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
-                                dataclasses.replace(configs.LOCKED_CONFIGS[key], heavy_first=heavy_first))
+        _with_rows(monkeypatch, device, dtype, ("attention_fwd", "attention_bwd_dq"), heavy_first=heavy_first)
         runs.append(_run_pack(seqs, order, ups, device))
     for i in order:
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[0][i], runs[1][i]):
