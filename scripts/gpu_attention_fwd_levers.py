@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 
 if "--smoke" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -31,7 +30,11 @@ if "--smoke" in sys.argv[1:]:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from rlk_triton._runtime import arch_of  # noqa: E402
 from rlk_triton.ops import attention as ops  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_attention_tiles import rows_set  # noqa: E402
 
 VARIANTS = {  # name: fields replaced in the locked row
     "pointer": dict(tma_loads=False, flat=False),
@@ -45,26 +48,6 @@ VARIANTS = {  # name: fields replaced in the locked row
     "tma_loads flat heavy_first": dict(tma_loads=True, flat=True, heavy_first=True),
     "tma_loads heavy_first": dict(tma_loads=True, flat=False, heavy_first=True),
 }
-
-
-@contextmanager
-def _rows(dtype, head_dim, fields):
-    """This device's locked attention rows with `fields` ({kernel: {field: value}}) replaced, restored
-    after."""
-    from rlk_triton import configs
-    from rlk_triton._runtime import default_arch
-
-    arch, dt = default_arch(), str(dtype).removeprefix("torch.")
-    bucket = "d<=128" if head_dim <= 128 else "d256"
-    saved = dict(configs.LOCKED_CONFIGS)
-    try:
-        for kernel, f in fields.items():
-            key = (kernel, configs.table_arch(arch, kernel), dt, bucket)
-            configs.LOCKED_CONFIGS[key] = dataclasses.replace(configs.LOCKED_CONFIGS[key], **f)
-        yield
-    finally:
-        configs.LOCKED_CONFIGS.clear()
-        configs.LOCKED_CONFIGS.update(saved)
 
 
 def main():
@@ -136,12 +119,13 @@ def main():
         out, lse = ref
         do = torch.randn(out.shape, device=dev, generator=g).to(dt)
         grads, bwd_ms = None, None
-        for name, fields in (("locked", {}), ("dq heavy_first", {"attention_bwd_dq": dict(heavy_first=True)})):
+        dq_heavy = dataclasses.replace(ops._cfg("attention_bwd_dq", q), heavy_first=True)
+        for name, rows in (("locked", {}), ("dq heavy_first", {"dq": dq_heavy})):
             if time.time() - t0 > args.time_box:
                 report.setdefault("not_run", []).append(f"{shape}: backward {name}")
                 continue
             row = {"shape": shape, "pass": "backward", "variant": name}
-            with _rows(dt, d, fields):
+            with rows_set(rows, arch_of(q.device), dt, d):
                 got = ops.launch_backward(do, None, q, k, v, out, lse, cu, L, sc, True)
                 ms = timer(lambda: ops.launch_backward(do, None, q, k, v, out, lse, cu, L, sc, True))
             row["ms"] = ms
