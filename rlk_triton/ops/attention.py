@@ -180,30 +180,25 @@ def _first_tile(HEAVY_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _tile_rows(head_ptr, desc, row0, rows, ok, stride_t, rd, col0, MASKED: tl.constexpr, UPCAST: tl.constexpr,
-               TMA: tl.constexpr):
-    """Rows row0 + [0, len(rows)) of one head [len(rows), D]; rows not `ok` read 0 (MASKED: some may
-    not be). Through a TMA descriptor over [tokens, heads x D] at column col0 (TMA), else pointer
-    loads from head_ptr (the head's first element): the same values. A TMA block past a sequence
-    reads the next one's tokens, so those rows are zeroed: a 0 probability times an inf would be NaN."""
-    if TMA:
-        x = desc.load([row0, col0])
-        if MASKED:
-            x = tl.where(ok[:, None], x, 0.0)
-        if UPCAST:
-            x = x.to(tl.float32)
-    else:
-        x = _load_rows(head_ptr, rows, ok, stride_t, rd, UPCAST)
-    return x
-
-
-@triton.jit
 def _kv_rows(k_head, v_head, k_desc, v_desc, hk, start, n0, hi, sk_t, sv_t, rd, MASKED: tl.constexpr,
              UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """The K and V rows [BLOCK_N, D] of keys n0.. of kv head hk; keys at or past hi read 0."""
+    """The K and V rows [BLOCK_N, D] of keys n0.. of kv head hk: through TMA descriptors over
+    [tokens, kv heads x D] (TMA), else pointer loads that read 0 at and past hi. The same scores and
+    products either way: a TMA block past hi reads the next sequence's tokens (or zeros past the
+    tensor), whose scores the masked update sets to -inf whatever K holds, and whose V rows are
+    zeroed here (MASKED: the blocks that reach hi), since p = 0 times an inf would be NaN."""
     rn = n0 + tl.arange(0, BLOCK_N)
-    k = _tile_rows(k_head, k_desc, start + n0, start + rn, rn < hi, sk_t, rd, hk * HEAD_DIM, MASKED, UPCAST, TMA)
-    v = _tile_rows(v_head, v_desc, start + n0, start + rn, rn < hi, sv_t, rd, hk * HEAD_DIM, MASKED, UPCAST, TMA)
+    if TMA:
+        k = k_desc.load([start + n0, hk * HEAD_DIM])
+        v = v_desc.load([start + n0, hk * HEAD_DIM])
+        if MASKED:
+            v = tl.where((rn < hi)[:, None], v, 0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+    else:
+        k = _load_rows(k_head, start + rn, rn < hi, sk_t, rd, UPCAST)
+        v = _load_rows(v_head, start + rn, rn < hi, sv_t, rd, UPCAST)
     return k, v
 
 
