@@ -32,8 +32,8 @@ tensor it indexes (_span, the decode kernel's kv_len and page), and programs str
 blocks by the grid, so a max_seqlen shorter than a sequence only costs time. Valid input is unchanged
 by both; invalid offsets give undefined values (tokens outside every clamped sequence are not
 written), never a read or write outside a tensor. The forward's K / V reads through TMA descriptors
-(configs tma_loads) cover the whole tensor: rows past it read zeros (the hardware's bounds), rows of
-the next sequence are zeroed in the masked blocks.
+(configs tma_loads) cover the whole tensor: rows past it read zeros (the hardware's bounds); the next
+sequence's V rows are zeroed in the masked blocks (its K only reaches masked scores).
 """
 from __future__ import annotations
 
