@@ -1,4 +1,5 @@
-// rms_norm forward (no residual), written to give the Triton kernel's bits: rlk_triton/ops/rmsnorm.py
+// rms_norm forward, with or without the fused residual add, written to give the Triton kernel's bits:
+// rlk_triton/ops/rmsnorm.py
 // _fwd_kernel's one-tile path and _fwd_rows_kernel, with the locked config's BLOCK_H lanes and
 // num_warps (rlk_triton/configs.py "rmsnorm_fwd"). The caller passes the layout's vector width VEC
 // (rlk_triton/native.py _rmsnorm_config): the order depends on it. ROWS rows per block (the rows
@@ -21,6 +22,9 @@
 //      with distances num_warps / 2 .. 1 (symmetric adds: every lane gets lane 0's result);
 //   4. rstd = 1 / sqrt_rn(sum / H + eps) with IEEE division and square root; y = (rstd * h) * (w +
 //      weight_offset), rounded once to the output dtype. Masked lanes hold 0 and add exact zeros.
+// With the residual (RES), h = dtype(x + residual) replaces x before step 1 (add_words: the
+// instructions Triton emits for it) and is stored as the next residual. The layouts are the same; the
+// one fused layout with no rule here is refused by the caller (rlk_triton/native.py _rmsnorm_config).
 // ptxas contracts none of Triton's plain mul.f32 / add.f32 here (the same SASS with them made .rn).
 // Triton 3.9 reduces within a thread in a pairwise tree instead: these bits are 3.6's, and the
 // admission fingerprint carries the triton version. Every operation is an explicit _rn intrinsic
@@ -68,6 +72,23 @@ __device__ __forceinline__ void set_elem(unsigned* raw, int r, unsigned b) {
 }
 template <typename T>
 __device__ __forceinline__ float elem_f32(const unsigned* raw, int r) { return to_f32(T(), elem<T>(raw, r)); }
+
+// The residual add, one 32-bit word of packed elements: Triton 3.6 compiles dtype(fp32(x) + fp32(r))
+// to these instructions (one rounding of the exact sum; equal to rounding the fp32 sum, which is exact
+// for fp32 and innocuous double rounding for the 16-bit types), so the same instructions here.
+__device__ __forceinline__ unsigned add_words(float, unsigned a, unsigned b) {
+  return __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(b)));
+}
+__device__ __forceinline__ unsigned add_words(__half, unsigned a, unsigned b) {
+  unsigned d;
+  asm("add.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned add_words(__nv_bfloat16, unsigned a, unsigned b) {
+  unsigned d;
+  asm("add.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 
 // One access of BYTES bytes (an aligned vector) as 32-bit words.
 template <int BYTES> struct Access;
@@ -150,9 +171,12 @@ __device__ __forceinline__ float chain_squares(const unsigned* raw) {
   return acc;
 }
 
-template <typename T, int E, int VEC, int WARPS, int ROWS, bool FULL>
+// RES: the fused residual add. h = dtype(x + residual) is stored to res_out ([N, H], contiguous) and
+// normalized: the same order on h as on x without the residual.
+template <typename T, int E, int VEC, int WARPS, int ROWS, bool FULL, bool RES>
 __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
-    const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ w, T* __restrict__ y,
+    const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ r, int64_t r_row_stride,
+    const T* __restrict__ w, T* __restrict__ y, T* __restrict__ res_out,
     float* __restrict__ rstd_out, int64_t N, int H, float h_count, float eps, float weight_offset) {
   constexpr int THREADS = WARPS * 32;
   constexpr int CHUNKS = E / VEC;  // register r = c * VEC + j holds lane c * VEC * THREADS + t * VEC + j
@@ -174,6 +198,29 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) set_elem<T>(h[i], c * VEC + j, 0u);
+      }
+    }
+  }
+  if constexpr (RES) {  // h = dtype(x + residual), stored as the next residual; masked lanes: 0 + 0
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const int64_t row = row0 + i;
+      if (row >= N) continue;
+      const T* rr = r + row * r_row_stride;
+      T* out = res_out + row * (int64_t)H;
+      const bool r_ok = FULL || aligned_for(rr, VEC);
+      const bool o_ok = FULL || aligned_for(out, VEC);
+      unsigned rb[WORDS];
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL, true>(rr, c * VEC * THREADS + t * VEC, H, r_ok, rb, c * VEC);
+#pragma unroll
+      for (int k = 0; k < WORDS; ++k) h[i][k] = add_words(T(), h[i][k], rb[k]);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        unsigned b[VWORDS];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) set_elem<T>(b, j, elem<T>(h[i], c * VEC + j));
+        store_lanes<T, VEC, FULL>(out, c * VEC * THREADS + t * VEC, H, o_ok, b);
       }
     }
   }
@@ -231,14 +278,19 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
   }
 }
 
-template <typename T, int E, int VEC, int WARPS, bool FULL>
-int launch_rows(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int rows,
-                float eps, float weight_offset, cudaStream_t stream) {
-  const float h_count = (float)H;
-#define RLK_ROWS(R)                                                                                          \
-  case R:                                                                                                    \
-    rms_norm_fwd_kernel<T, E, VEC, WARPS, R, FULL><<<(unsigned)((N + R - 1) / R), WARPS * 32, 0, stream>>>(  \
-        (const T*)x, stride, (const T*)w, (T*)y, rstd, N, H, h_count, eps, weight_offset);                   \
+// A launch's arguments (r and res_out null without the residual).
+struct FwdArgs {
+  const void* x; int64_t x_row_stride; const void* r; int64_t r_row_stride; const void* w;
+  void* y; void* res_out; float* rstd; int64_t N; int H; float eps; float weight_offset; cudaStream_t stream;
+};
+
+template <typename T, int E, int VEC, int WARPS, bool FULL, bool RES>
+int launch_rows(const FwdArgs& a, int rows) {
+#define RLK_ROWS(R)                                                                                            \
+  case R:                                                                                                      \
+    rms_norm_fwd_kernel<T, E, VEC, WARPS, R, FULL, RES><<<(unsigned)((a.N + R - 1) / R), WARPS * 32, 0, a.stream>>>( \
+        (const T*)a.x, a.x_row_stride, (const T*)a.r, a.r_row_stride, (const T*)a.w, (T*)a.y, (T*)a.res_out,    \
+        a.rstd, a.N, a.H, (float)a.H, a.eps, a.weight_offset);                                                  \
     break;
   switch (rows) {
     RLK_ROWS(1) RLK_ROWS(2)
@@ -249,32 +301,35 @@ int launch_rows(const void* x, int64_t stride, const void* w, void* y, float* rs
   return cudaGetLastError() == cudaSuccess ? 0 : 2;
 }
 
+template <typename T, int E, int VEC, int WARPS, bool FULL>
+int launch_res(const FwdArgs& a, int rows) {
+  return a.r ? launch_rows<T, E, VEC, WARPS, FULL, true>(a, rows) : launch_rows<T, E, VEC, WARPS, FULL, false>(a, rows);
+}
+
 // vec: the full vector (16 bytes, at most E lanes) or 1 (the rows kernel when neither H nor the row
 // stride is a multiple of 16).
 template <typename T, int E, int WARPS>
-int launch_vec(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H, int vec,
-               int rows, float eps, float weight_offset, cudaStream_t stream) {
+int launch_vec(const FwdArgs& a, int vec, int rows) {
   constexpr int WIDE = 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E;
   if (vec == WIDE) {
-    // FULL: every lane of the tile is in the row and every row start is vector-aligned (x is)
-    if (H == E * WARPS * 32 && stride % WIDE == 0)
-      return launch_rows<T, E, WIDE, WARPS, true>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
-    return launch_rows<T, E, WIDE, WARPS, false>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+    // FULL: every lane of the tile is in the row and every row start is vector-aligned (x and the
+    // residual are; res_out and y are [N, H] with H the tile)
+    if (a.H == E * WARPS * 32 && a.x_row_stride % WIDE == 0 && (!a.r || a.r_row_stride % WIDE == 0))
+      return launch_res<T, E, WIDE, WARPS, true>(a, rows);
+    return launch_res<T, E, WIDE, WARPS, false>(a, rows);
   }
   if constexpr (WIDE != 1) {
-    if (vec == 1) return launch_rows<T, E, 1, WARPS, false>(x, stride, w, y, rstd, N, H, rows, eps, weight_offset, stream);
+    if (vec == 1) return launch_res<T, E, 1, WARPS, false>(a, rows);
   }
   return 1;
 }
 
 template <typename T>
-int launch_dtype(const void* x, int64_t stride, const void* w, void* y, float* rstd, int64_t N, int H,
-                 int block_h, int num_warps, int vec, int rows, float eps, float weight_offset, cudaStream_t stream) {
+int launch_dtype(const FwdArgs& a, int block_h, int num_warps, int vec, int rows) {
   const int e = block_h / (num_warps * 32);
   // the (num_warps, E) pairs of the locked table: tiles 128 .. 1024 on 4 warps, 2048 .. 8192 on 8, 16384 on 16
-#define RLK_CFG(W, E)                                                                                            \
-  if (num_warps == W && e == E)                                                                                 \
-    return launch_vec<T, E, W>(x, stride, w, y, rstd, N, H, vec, rows, eps, weight_offset, stream);
+#define RLK_CFG(W, E) \
+  if (num_warps == W && e == E) return launch_vec<T, E, W>(a, vec, rows);
   RLK_CFG(4, 1) RLK_CFG(4, 2) RLK_CFG(4, 4) RLK_CFG(4, 8)
   RLK_CFG(8, 8) RLK_CFG(8, 16) RLK_CFG(8, 32)
   RLK_CFG(16, 32)
@@ -284,21 +339,26 @@ int launch_dtype(const void* x, int64_t stride, const void* w, void* y, float* r
 
 }  // namespace
 
-// dtype: 0 float32, 1 float16, 2 bfloat16. vec: the Triton layout's lanes per vector; rows: rows per
-// block (1 or 2). Returns 0 on success, 1 for a (block_h, num_warps, vec, rows) this kernel does not
-// implement or x / w not 16-byte aligned (the layout rule is only known for aligned rows; the caller
-// refuses the call), 2 for a CUDA launch error.
-extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, const void* w, void* y,
-                                float* rstd, int64_t N, int H, int block_h, int num_warps, int vec, int rows,
+// dtype: 0 float32, 1 float16, 2 bfloat16. residual / res_out: the fused add's input and output (both
+// null without it; res_out is [N, H], contiguous). vec: the Triton layout's lanes per vector; rows: rows
+// per block (1 or 2). Returns 0 on success, 1 for a (block_h, num_warps, vec, rows) this kernel does not
+// implement or x / residual / w not 16-byte aligned (the layout rule is only known for aligned rows; the
+// caller refuses the call), 2 for a CUDA launch error.
+extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, const void* residual,
+                                int64_t res_row_stride, const void* w, void* y, void* res_out, float* rstd,
+                                int64_t N, int H, int block_h, int num_warps, int vec, int rows,
                                 float eps, float weight_offset, void* stream_ptr) {
-  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_ptr);
+  const FwdArgs a{x, x_row_stride, residual, res_row_stride, w, y, res_out, rstd, N, H, eps, weight_offset,
+                  reinterpret_cast<cudaStream_t>(stream_ptr)};
   if (N == 0) return 0;
   if (block_h < H || block_h % (num_warps * 32) != 0) return 1;
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return 1;
+  if ((residual == nullptr) != (res_out == nullptr)) return 1;
+  for (const void* p : {x, w, residual})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
   switch (dtype) {
-    case 0: return launch_dtype<float>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
-    case 1: return launch_dtype<__half>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
-    case 2: return launch_dtype<__nv_bfloat16>(x, x_row_stride, w, y, rstd, N, H, block_h, num_warps, vec, rows, eps, weight_offset, stream);
+    case 0: return launch_dtype<float>(a, block_h, num_warps, vec, rows);
+    case 1: return launch_dtype<__half>(a, block_h, num_warps, vec, rows);
+    case 2: return launch_dtype<__nv_bfloat16>(a, block_h, num_warps, vec, rows);
     default: return 1;
   }
 }

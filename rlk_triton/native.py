@@ -47,23 +47,29 @@ class NativeOp:
     native: Callable  # (extension module, inputs) -> tuple of tensors
 
 
-# ---- rms_norm forward (no residual) ----
+# ---- rms_norm forward, with or without the fused residual add ----
 
-def _rmsnorm_config(x, arch=None):
-    """(BLOCK_H, num_warps, vec, rows) of the Triton launch for x: the native layout. vec is the lanes
-    per thread per vector of the layout Triton 3.6 reduces in (16 bytes, at most BLOCK_H / threads;
-    1 in the rows kernel when neither H nor x's row stride is a multiple of 16: the JIT's
-    divisibility specialization). Found by compiling the kernels for sm90 with the JIT's
-    specialization, for 16-byte aligned x and weight only: the native kernel refuses other pointers.
-    rows: the rows kernel's rows per program (the native kernel's rows per block, speed only).
-    arch: the config table to read (default: x's device's)."""
+def _rmsnorm_config(x, arch=None, residual=None):
+    """(BLOCK_H, num_warps, vec, rows) of the Triton launch for x (and the residual, if fused): the
+    native layout. vec is the lanes per thread per vector of the layout Triton 3.6 reduces in (16
+    bytes, at most BLOCK_H / threads; in the rows kernel 1 when neither H nor a row stride is a
+    multiple of 16: the JIT's divisibility specialization), or None where the native kernel has no
+    rule: the rows kernel with the residual, H not a multiple of 16 and a row stride that is one.
+    There Triton 3.6 reduces each row twice in two layouts and scales y by the other sum's rstd (its
+    PTX has two sqrt per row; y differs from the native kernel's by an ulp in the emulator), so the
+    native kernel refuses the call. Found by compiling the kernels for
+    sm90 with the JIT's specialization and running their PTX beside the native kernel's in
+    scripts/ptx_emulator.py, for 16-byte aligned x, residual and weight only: the native kernel
+    refuses other pointers. rows: the rows kernel's rows per program (the native kernel's rows per
+    block, speed only). arch: the config table to read (default: x's device's)."""
     from ._runtime import arch_of
 
-    return _rmsnorm_layout(arch or arch_of(x.device), x.dtype, x.shape[1], x.stride(0) % 16 == 0)
+    res_16 = None if residual is None else residual.stride(0) % 16 == 0
+    return _rmsnorm_layout(arch or arch_of(x.device), x.dtype, x.shape[1], x.stride(0) % 16 == 0, res_16)
 
 
 @functools.lru_cache(maxsize=None)
-def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool):
+def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool, res_stride_16: Optional[bool] = None):
     """_rmsnorm_config's value, once per key: the call path asks on every call (host time is what a
     native decode-sized call is for)."""
     from . import configs
@@ -74,23 +80,32 @@ def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool):
     rows = configs.lookup("rmsnorm_fwd_rows", arch, dtype, H).block_v
     rows = rows if rows > 1 and block >= H else 1
     vec = min(16 // dtype.itemsize, max(block // (32 * cfg.num_warps), 1))
-    if rows > 1 and H % 16 and not stride_16:
-        vec = 1
+    if rows > 1 and H % 16:
+        if res_stride_16 is None:
+            vec = vec if stride_16 else 1
+        else:  # fused: only the all-VEC-1 layout has a rule (docstring)
+            vec = 1 if not (stride_16 or res_stride_16) else None
     return block, cfg.num_warps, vec, rows
 
 
-def _rmsnorm_triton(x, w, eps, offset):
+def _rmsnorm_triton(x, w, eps, offset, residual=None):
+    """(y, rstd), or (y, residual_out, rstd) with the residual: the Triton forward's outputs."""
     from .ops import rmsnorm
 
-    y, _, rstd = rmsnorm.launch_forward(x, w, None, eps, offset)
-    return y, rstd
+    y, res_out, rstd = rmsnorm.launch_forward(x, w, residual, eps, offset)
+    return (y, rstd) if residual is None else (y, res_out, rstd)
 
 
-def _rmsnorm_native(ext, x, w, eps, offset):
+def _rmsnorm_native(ext, x, w, eps, offset, residual=None):
     from .ops.launch import stream_handle
 
-    block, warps, vec, rows = _rmsnorm_config(x)
-    return tuple(ext.rms_norm_fwd(x, w, eps, offset, block, warps, vec, rows, stream_handle(x.device.index)))
+    block, warps, vec, rows = _rmsnorm_config(x, residual=residual)
+    if vec is None:
+        raise InputError("residual", "no native layout for the fused add with H not a multiple of 16 and a row "
+                         "stride that is one (docs/native.md)")
+    y, res_out, rstd = ext.rms_norm_fwd(x, residual, w, eps, offset, block, warps, vec, rows,
+                                       stream_handle(x.device.index))
+    return (y, rstd) if residual is None else (y, res_out, rstd)
 
 
 def _rmsnorm_cases(device) -> list:
@@ -110,8 +125,17 @@ def _rmsnorm_cases(device) -> list:
                 for eps, offset in ((1e-6, 0.0), (1e-5, 1.0)):
                     out.append((f"{str(dt)[6:]} N={N} H={H} eps={eps} offset={offset}",
                                 (x.to(device), w.to(device), eps, offset)))
+                # the fused residual add: h = dtype(x + r) normalized, r large enough that h differs
+                r = (torch.randn(N, H, generator=g) * 8).to(dt)
+                out.append((f"{str(dt)[6:]} N={N} H={H} residual", (x.to(device), w.to(device), 1e-6, 1.0, r.to(device))))
         x = torch.randn(5, 4096 + 64, generator=g).to(dt)[:, :4096]  # a row stride wider than H
         out.append((f"{str(dt)[6:]} strided rows", (x.to(device), torch.ones(4096, dtype=dt).to(device), 1e-6, 0.0)))
+        # strided x and residual: both row strides multiples of 16, and both not (with H = 4099 too)
+        for H, pad in ((4096, 64), (4096, 3), (4099, 1)):
+            x = torch.randn(5, H + pad, generator=g).to(dt)[:, :H]
+            r = torch.randn(5, H + pad + 16, generator=g).to(dt)[:, :H]
+            out.append((f"{str(dt)[6:]} strided rows H={H} residual", (x.to(device), torch.ones(H, dtype=dt).to(device),
+                                                                     1e-6, 0.0, r.to(device))))
     return out
 
 
@@ -280,10 +304,10 @@ def load(op: str):
                  extra_cuda_cflags=list(BUILD_FLAGS), verbose=False)
 
 
-def rms_norm_fwd(x, weight, eps: float, weight_offset: float):
-    """(y, rstd) of the admitted native rms_norm forward (rlk_triton.ops.rmsnorm calls it for
-    backend="cuda_native" after checking the admission)."""
-    return _rmsnorm_native(load("rmsnorm"), x, weight, eps, weight_offset)
+def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None):
+    """(y, rstd), or (y, residual_out, rstd) with the residual, of the admitted native rms_norm forward
+    (rlk_triton.ops.rmsnorm calls it for backend="cuda_native" after checking the admission)."""
+    return _rmsnorm_native(load("rmsnorm"), x, weight, eps, weight_offset, residual)
 
 
 # ---- the gate ----

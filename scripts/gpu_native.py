@@ -47,7 +47,7 @@ def main():
     record = json.loads(native.record_path("rmsnorm").read_text()) if gate["admitted"] else None
     print({k: v for k, v in gate.items() if k != "mismatches"}, gate["mismatches"][:20], flush=True)
     rows = []
-    report = {"what": "native/ rms_norm forward: the gate, then native against Triton, same run",
+    report = {"what": "native/ rms_norm forward (with and without the residual): the gate, then native against Triton, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "gate": gate, "record": record, "rows": rows}
     nop = native.native_op("rmsnorm")
@@ -58,31 +58,38 @@ def main():
         variants["native launch, no streaming hints"] = build_variant("RLK_STREAMING=0")
         report["variant_build_s"] = time.time() - t1
     g = torch.Generator(device="cuda").manual_seed(0)
-    for N, H in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096), (16384, 4096), (16384, 8192)):
+    for (N, H), fused in [(shape, fused) for shape in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096),
+                                                       (16384, 4096), (16384, 8192)) for fused in (False, True)]:
         x = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
         w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
-        want = nop.triton(x, w, 1e-6, 0.0)
-        layout = native._rmsnorm_config(x)
+        r = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16) if fused else None
+        rest = (r,) if fused else ()  # the launchers' optional residual
+        want = nop.triton(x, w, 1e-6, 0.0, *rest)
+        layout = native._rmsnorm_config(x, residual=r)
         stream = launch.stream_handle
-        calls = {"triton launch": lambda: nop.triton(x, w, 1e-6, 0.0),
-                 "native launch": lambda: nop.native(ext, x, w, 1e-6, 0.0),
+        calls = {"triton launch": lambda: nop.triton(x, w, 1e-6, 0.0, *rest),
+                 "native launch": lambda: nop.native(ext, x, w, 1e-6, 0.0, *rest),
                  # the stream read in the call: a handle read once would launch outside a graph's capture
-                 "bare extension call": lambda: ext.rms_norm_fwd(x, w, 1e-6, 0.0, *layout, stream(x.device.index)),
-                 "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6)}
+                 "bare extension call": lambda: ext.rms_norm_fwd(x, r, w, 1e-6, 0.0, *layout, stream(x.device.index)),
+                 "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6, residual=r)}
         for name, mod in variants.items():
-            calls[name] = lambda mod=mod: nop.native(mod, x, w, 1e-6, 0.0)
+            calls[name] = lambda mod=mod: nop.native(mod, x, w, 1e-6, 0.0, *rest)
         if gate["admitted"]:
-            calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, backend="cuda_native")
+            calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
+                                                                        backend="cuda_native")
         device = {name: [] for name in calls}
         for _ in range(3):  # in turn, so that clocks and temperature drift hit every call alike
             for name, fn in calls.items():
                 device[name].append(bench.graph_ms(fn))
         for name, fn in calls.items():
             got = fn()
-            y = got[0] if isinstance(got, (tuple, list)) else got
-            rows.append({"op": "rms_norm fwd", "shape": f"{N} x {H} bf16", "backend": name,
-                         "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
-                         "device_ms_each": device[name], "bitwise": native.same_bits(y, want[0])})
+            got = got if isinstance(got, (tuple, list)) else (got,)
+            # y, and residual_out when fused (the bare call returns (y, residual_out, rstd) always)
+            outs = (got[0], got[1]) if fused else (got[0],)
+            rows.append({"op": "rms_norm fwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
+                         "backend": name, "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
+                         "device_ms_each": device[name],
+                         "bitwise": all(native.same_bits(a, b) for a, b in zip(outs, want))})
             print(rows[-1], flush=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

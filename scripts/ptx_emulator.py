@@ -266,6 +266,19 @@ class CTA:
             else:
                 raise NotImplementedError(op)
             return
+        if base == "add" and o[-1] in ("bf16", "f16", "bf16x2", "f16x2"):  # 16-bit float adds, per half
+            assert "ftz" not in o and "sat" not in o, op
+            to32, back = (bf16_to_f32, f32_to_bf16) if o[-1].startswith("bf16") else (f16_to_f32, f32_to_f16)
+            x, y = self.val(a[1]), self.val(a[2])
+            r = np.zeros(self.n, np.uint64)
+            for k in range(2 if o[-1].endswith("x2") else 1):
+                sh = np.uint64(16 * k)
+                with np.errstate(all="ignore"):  # the fp32 sum rounded once more: the exact sum's rounding
+                    h = to32((x >> sh) & np.uint64(0xFFFF)) + to32((y >> sh) & np.uint64(0xFFFF))
+                r |= (back(h) & np.uint64(0xFFFF)) << sh
+            self.ops.append((base, o))
+            self.setr(a[0], r, mask)
+            return
         if base in ("add", "sub", "mul", "div", "fma", "sqrt", "rcp", "neg", "abs", "min", "max") and "f32" in o:
             x = [f32(self.val(s)) for s in a[1:]]
             assert "ftz" not in o and "approx" not in o and "full" not in o, op

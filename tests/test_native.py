@@ -165,32 +165,41 @@ def test_cuda_native_without_an_admission_is_a_typed_error(device, cache):
     w = torch.ones(128, device=device)
     with pytest.raises(BackendError, match="not usable here"):
         rms_norm(x, w, backend="cuda_native")
-    with pytest.raises(BackendError, match="residual"):
+    with pytest.raises(BackendError, match="not usable here"):
         rms_norm(x, w, backend="cuda_native", residual=x)
     with pytest.raises(BackendError, match="unknown backend"):
         rms_norm(x, w, backend="cuda")
 
 
-def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkeypatch, fused):
     """The call path, with the native forward stood in by the Triton launcher (the gate's job is the
-    bits; this checks the plumbing): values and gradients are the Triton path's."""
+    bits; this checks the plumbing): values and gradients are the Triton path's, with and without
+    the fused residual add."""
     from rlk_triton.ops import rmsnorm
 
     monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
-    monkeypatch.setattr(native, "rms_norm_fwd", lambda x, w, eps, off: native._rmsnorm_triton(x, w, eps, off))
+    monkeypatch.setattr(native, "rms_norm_fwd", native._rmsnorm_triton)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 96, generator=g).to(device, torch.bfloat16)
     w = (torch.randn(96, generator=g) + 1).to(device, torch.bfloat16)
+    r = torch.randn(2, 3, 96, generator=g).to(device, torch.bfloat16) if fused else None
     outs = []
     for backend in ("triton", "cuda_native"):
         xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
-        y = rmsnorm.rms_norm(xl, wl, eps=1e-5, weight_offset=0.5, backend=backend)
-        y.float().square().sum().backward()
-        outs.append((y.detach(), xl.grad, wl.grad))
+        rl = r.clone().requires_grad_() if fused else None
+        out = rmsnorm.rms_norm(xl, wl, eps=1e-5, residual=rl, weight_offset=0.5, backend=backend)
+        y, res_out = out if fused else (out, None)
+        loss = y.float().square().sum() + (res_out.float().sin().sum() if fused else 0)
+        loss.backward()
+        outs.append((y.detach(), xl.grad, wl.grad) + ((res_out.detach(), rl.grad) if fused else ()))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     with torch.no_grad():  # no graph: the native forward alone, same values
-        assert torch.equal(rmsnorm.rms_norm(x, w, eps=1e-5, weight_offset=0.5, backend="cuda_native"), outs[0][0])
+        out = rmsnorm.rms_norm(x, w, eps=1e-5, residual=r, weight_offset=0.5, backend="cuda_native")
+        assert torch.equal(out[0] if fused else out, outs[0][0])
+        if fused:
+            assert torch.equal(out[1], outs[0][3])
 
 
 def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeypatch):
@@ -208,6 +217,23 @@ def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeyp
     with pytest.raises(BackendError, match="16-byte aligned"):
         rmsnorm.rms_norm(buf[:288].view(3, 96), torch.ones(97, device=device, dtype=torch.bfloat16)[1:],
                          backend="cuda_native")
+    with pytest.raises(BackendError, match="16-byte aligned"):
+        rmsnorm.rms_norm(buf[:288].view(3, 96), w, residual=x, backend="cuda_native")
+
+
+def test_cuda_native_refuses_a_fused_layout_it_has_no_rule_for(device, monkeypatch):
+    """The fused add with H not a multiple of 16 and a row stride that is one (docs/native.md): a
+    BackendError, never the binding's error or another order."""
+    from rlk_triton.errors import BackendError
+    from rlk_triton.ops import rmsnorm
+
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
+    layout = native._rmsnorm_config
+    monkeypatch.setattr(native, "_rmsnorm_config", lambda x, residual=None: layout(x, "sm90", residual))  # the H200's
+    x = torch.randn(2, 4112, device=device).to(torch.bfloat16)[:, :4099]
+    w = torch.ones(4099, device=device, dtype=torch.bfloat16)
+    with pytest.raises(BackendError, match="no layout for the fused add"):
+        rmsnorm.rms_norm(x, w, residual=x.clone(), backend="cuda_native")
 
 
 def test_cuda_native_refuses_rows_it_has_no_kernel_for(device, monkeypatch):

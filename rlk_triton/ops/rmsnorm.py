@@ -397,8 +397,8 @@ def rms_norm(
         weight_offset: the scale is (weight + weight_offset) in fp32; 1.0 for Gemma's (1 + w).
         backend: "triton" (default), or "cuda_native": the native forward (docs/native.md), only where
             `rlk-triton native admit` recorded it bitwise equal to the Triton kernel under this
-            process's fingerprint (BackendError saying why otherwise); no residual; eager only. Its
-            backward is the Triton kernels'.
+            process's fingerprint (BackendError saying why otherwise); eager only. Its backward is
+            the Triton kernels'.
 
     Returns:
         y with x's shape and dtype (contiguous), or (y, residual_out) when residual is given.
@@ -421,14 +421,21 @@ class _NativeForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, weight_offset):
-        from .. import native
-
-        y, rstd = native.rms_norm_fwd(x, weight, eps, weight_offset)
-        out = (y, x.new_empty(0), rstd)
+        out = _native_outputs(x, weight, residual, eps, weight_offset)
         _setup_context(ctx, (x, weight, residual, eps, weight_offset), out)
         return out
 
     backward = staticmethod(_backward)
+
+
+def _native_outputs(x, weight, residual, eps, weight_offset):
+    """(y, residual_out, rstd) of the native forward, as launch_forward returns them."""
+    from .. import native
+
+    if residual is None:
+        y, rstd = native.rms_norm_fwd(x, weight, eps, weight_offset)
+        return y, x.new_empty(0), rstd
+    return native.rms_norm_fwd(x, weight, eps, weight_offset, residual)
 
 
 def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
@@ -436,8 +443,6 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
 
     if backend != "cuda_native":
         raise BackendError("backend", f"unknown backend {backend!r} (have: triton, cuda_native)")
-    if residual is not None:
-        raise BackendError("backend", "cuda_native has no residual variant: use backend='triton'")
     if weight.dtype != x.dtype:
         raise BackendError("backend", f"cuda_native needs the weight in x's dtype {x.dtype}, got {weight.dtype}")
     if torch.compiler.is_compiling():
@@ -446,18 +451,25 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     if not ok:
         raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
     rows = x.reshape(-1, H)
-    block, warps, _, _ = native._rmsnorm_config(rows)
+    res_rows = residual.reshape(-1, H) if residual is not None else None
+    block, warps, vec, _ = native._rmsnorm_config(rows, residual=res_rows)
     if block < H or block % (32 * warps):  # what the native kernel has and the gate covered
         raise BackendError("backend", f"cuda_native covers rows of one tile with a lane per thread (H <= {block}"
                            f" and H > {16 * warps} here), got H = {H}: use backend='triton'")
-    if rows.data_ptr() % 16 or weight.data_ptr() % 16:
-        # the native layout is the Triton kernel's for 16-byte aligned x and weight only (docs/native.md)
-        raise BackendError("backend", "cuda_native needs x and the weight 16-byte aligned: use backend='triton'")
-    if wants_grad((x, weight)):
-        y, _, _ = _NativeForward.apply(rows, weight, None, eps, weight_offset)
+    if vec is None:
+        raise BackendError("backend", "cuda_native has no layout for the fused add with H not a multiple of 16 and "
+                           "a row stride that is one (docs/native.md): use backend='triton'")
+    if any(t.data_ptr() % 16 for t in (rows, weight, res_rows) if t is not None):
+        # the native layout is the Triton kernel's for 16-byte aligned inputs only (docs/native.md)
+        raise BackendError("backend", "cuda_native needs x, the residual and the weight 16-byte aligned: "
+                           "use backend='triton'")
+    if wants_grad((x, weight, residual)):
+        y, res_out, _ = _NativeForward.apply(rows, weight, res_rows, eps, weight_offset)
     else:  # a rollout: no graph to record, so not the autograd.Function's host time either
-        y, _ = native.rms_norm_fwd(rows, weight, eps, weight_offset)
-    return y.view(x.shape)
+        y, res_out, _ = _native_outputs(rows, weight, res_rows, eps, weight_offset)
+    if residual is None:
+        return y.view(x.shape)
+    return y.view(x.shape), res_out.view(x.shape)
 
 
 def _check(x, weight, residual, eps, weight_offset) -> int:
