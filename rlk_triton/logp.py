@@ -26,7 +26,7 @@ SUPPORTED_LOGITS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_IGNORE_INDEX = -100
 # Backend ids of this op (rlk_triton.registry describes them; rlk_triton.policy chooses).
-BACKENDS = ("triton", "torch_reference")
+BACKENDS = ("triton", "torch_reference", "cuda_native")
 
 Temperature = Union[float, torch.Tensor]
 
@@ -60,8 +60,12 @@ def selected_logp(
             is still computed). Any other target outside [0, V) is an error.
         validate: check target ids (and tensor temperatures) on the host. It costs one device sync;
             with validate=False an invalid target gives NaN logp instead of an error.
-        backend: "triton" (the kernels) or "torch_reference" (float64 torch, runs anywhere, slow,
-            same contract); rlk_triton.policy.resolve chooses one for a framework.
+        backend: "triton" (the kernels), "torch_reference" (float64 torch, runs anywhere, slow,
+            same contract), or "cuda_native": the native forward (docs/native.md), only where
+            `rlk-triton native admit --op selected_logp` recorded it bitwise equal to the Triton
+            kernels under this process's fingerprint (BackendError saying why otherwise); logits
+            [N, V] or [V], eager only; its backward is the Triton kernel's.
+            rlk_triton.policy.resolve chooses one for a framework.
 
     Returns:
         logp (float32, shape of target_ids), or (logp, entropy) when return_entropy.
@@ -76,6 +80,9 @@ def selected_logp(
         _check_targets(flat_targets, logits.shape[-1], ignore_index)
     if backend == "torch_reference":
         logp, entropy = _torch_reference(logits, flat_targets, t_value, t_rows, ignore_index, return_entropy)
+    elif backend == "cuda_native":
+        logp, entropy, _, _ = _native_selected_logp(logits, flat_targets, t_value, t_rows, int(ignore_index),
+                                                    bool(return_entropy))
     else:
         logp, entropy, _, _ = _op.call_selected_logp_fwd(
             logits, flat_targets, None, t_value, t_rows, int(ignore_index), bool(return_entropy)
@@ -112,6 +119,8 @@ def selected_logp_indexed(
     those rows. Row numbers into logits with no rows at all raise ShapeError either way (no sync).
     """
     lead = _check_logits(logits, backend)
+    if backend == "cuda_native":
+        raise BackendError("backend", "cuda_native has no indexed variant: use backend='triton'")
     n_rows = math.prod(lead)
     if not isinstance(row_indices, torch.Tensor) or row_indices.dim() != 1:
         raise ShapeError("row_indices", "must be a 1-D tensor of row numbers")
@@ -307,6 +316,31 @@ def _check_shards(group, start, V_local, global_V, hidden2d, flat_targets):
         expect = s + n
     if expect != global_V:
         raise ShapeError("global_vocab_size", f"the shards cover [0, {expect}), not [0, {global_V})")
+
+
+def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, with_entropy):
+    """The native forward where it is admitted and has a kernel for these logits; BackendError saying
+    why otherwise (never a silent switch to the Triton kernels)."""
+    from . import native
+
+    if torch.compiler.is_compiling():
+        raise BackendError("backend", "cuda_native runs in eager only: use backend='triton' under torch.compile")
+    ok, why = native.usable("selected_logp", str(logits.device))
+    if not ok:
+        raise BackendError("backend", f"selected_logp.cuda_native is not usable here: {why}")
+    if logits.dim() > 2:
+        raise BackendError("backend", f"cuda_native takes logits [N, V] or [V], got {tuple(logits.shape)}: "
+                           "use backend='triton' (or a [N, V] view)")
+    rows = logits if logits.dim() == 2 else logits.view(1, -1)
+    if flat_targets.numel() == 0 or rows.shape[1] == 0:
+        raise BackendError("backend", "cuda_native needs at least one row and V >= 1: use backend='triton'")
+    block_v, chunk_v, _ = native._slp_config(rows)
+    if -(-rows.shape[1] // chunk_v) > 32:
+        raise BackendError("backend", f"cuda_native merges at most 32 vocab chunks of {chunk_v} (V <= "
+                           f"{32 * chunk_v} here), got V = {rows.shape[1]}: use backend='triton'")
+    if rows.data_ptr() % 16:  # the layout rule is known for 16-byte aligned logits only (docs/native.md)
+        raise BackendError("backend", "cuda_native needs the logits 16-byte aligned: use backend='triton'")
+    return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy)
 
 
 def _check_logits(logits, backend) -> tuple[int, ...]:

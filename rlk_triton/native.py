@@ -139,8 +139,83 @@ def _rmsnorm_cases(device) -> list:
     return out
 
 
+# ---- selected_logp forward ----
+
+def _slp_config(logits, arch=None):
+    """(BLOCK_V, CHUNK_V, vec) of the Triton launch for [rows, V] logits: the native layout. vec is
+    the layout's lanes per vector: 16 bytes' worth when the row stride is a multiple of 16 (the JIT
+    marks it divisible, so rows start 16-byte aligned), else 1. Found, like rms_norm's, by running
+    Triton 3.6's sm90 PTX beside the native PTX in the emulator (scripts/native_ptx_compare.py)."""
+    from ._runtime import arch_of
+
+    return _slp_layout(arch or arch_of(logits.device), logits.dtype, logits.shape[-1], logits.stride(0) % 16 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _slp_layout(arch: str, dtype: torch.dtype, V: int, stride_16: bool):
+    from . import configs
+
+    cfg = configs.lookup("selected_logp_fwd", arch, dtype, V)
+    split = configs.lookup("selected_logp_chunk", arch, dtype, V)
+    return cfg.block_v, split.block_v, min(16 // dtype.itemsize, cfg.block_v // 32) if stride_16 else 1
+
+
+def _slp_triton(logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+    """(logp, entropy, row_max, row_logsum) of the Triton forward launch."""
+    from .ops import selected_logp
+
+    return tuple(selected_logp.launch_forward(logits, target, row_index, temperature, temperature_rows,
+                                              ignore_index, with_entropy))
+
+
+def _slp_native(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+    from .ops.launch import stream_handle
+
+    block_v, chunk_v, vec = _slp_config(logits)
+    return tuple(ext.selected_logp_fwd(logits, target, row_index, temperature_rows, temperature, ignore_index,
+                                       with_entropy, block_v, chunk_v, vec, stream_handle(logits.device.index)))
+
+
+def _slp_cases(device) -> list:
+    """Every V bucket and chunk count the native kernels have (1 to 32 chunks, FINISH and merged),
+    every dtype, 1 / 7 / 64 rows (the same rows in several batch sizes), entropy on and off; targets
+    ignored and out of range, huge, -inf and all -inf rows, per-row and scalar temperatures, int32
+    ids, row indices with a bad one (validate=False), and row strides that are and are not multiples
+    of 16."""
+    out = []
+    g = torch.Generator().manual_seed(1)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for V in (1000, 8000, 16000, 32000, 50257, 128256, 151936, 262144):
+            if _slp_layout("sm90", dt, V, True)[1] * 32 < V:
+                continue  # more chunks than a merge warp has lanes: no native kernel (the launcher refuses)
+            for N in (1, 7, 64):
+                x = (torch.randn(N, V, generator=g) * 4).to(dt)
+                t = torch.randint(0, V, (N,), generator=g)
+                if N == 7:
+                    t[1], t[2] = -100, V + 3  # ignored; out of range (validate=False): NaN
+                    x[3] = x[3] * 2000 if dt != torch.float16 else x[3] * 100  # huge logits
+                    x[4, ::3] = float("-inf")
+                    x[5] = float("-inf")  # all -inf: NaN results
+                for ent in (False, True):
+                    out.append((f"{str(dt)[6:]} N={N} V={V} entropy={ent}",
+                                (x.to(device), t.to(device), None, 1.0, None, -100, ent)))
+            x = (torch.randn(7, V + 8, generator=g) * 4).to(dt)[:, :V]  # a row stride not a multiple of 16
+            t = torch.randint(0, V, (7,), generator=g)
+            temps = (torch.rand(7, generator=g) + 0.5).float()
+            out.append((f"{str(dt)[6:]} V={V} strided, per-row temperature",
+                        (x.to(device), t.to(device), None, 1.0, temps.to(device), -100, True)))
+            x = (torch.randn(9, V, generator=g) * 4).to(dt)
+            rows = torch.tensor([8, 0, 3, 12, 3, 5], dtype=torch.int32)  # 12: not a row (validate=False)
+            out.append((f"{str(dt)[6:]} V={V} row indices, int32 ids, T=0.7",
+                        (x.to(device), torch.randint(0, V, (6,), generator=g, dtype=torch.int32).to(device),
+                         rows.to(device), 0.7, None, -100, True)))
+    return out
+
+
 OPS = {"rmsnorm": NativeOp("rmsnorm", ("rmsnorm_kernels.cu", "bindings.cpp"), "sm90", _rmsnorm_cases,
-                           _rmsnorm_triton, _rmsnorm_native)}
+                           _rmsnorm_triton, _rmsnorm_native),
+       "selected_logp": NativeOp("selected_logp", ("selected_logp_kernels.cu", "selected_logp_bindings.cpp"), "sm90",
+                                 _slp_cases, _slp_triton, _slp_native)}
 
 
 def native_op(op: str) -> NativeOp:
@@ -308,6 +383,14 @@ def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None):
     """(y, rstd), or (y, residual_out, rstd) with the residual, of the admitted native rms_norm forward
     (rlk_triton.ops.rmsnorm calls it for backend="cuda_native" after checking the admission)."""
     return _rmsnorm_native(load("rmsnorm"), x, weight, eps, weight_offset, residual)
+
+
+def selected_logp_fwd(logits, target, row_index, temperature: float, temperature_rows, ignore_index: int,
+                      with_entropy: bool):
+    """(logp, entropy, row_max, row_logsum) of the admitted native selected_logp forward, for [rows, V]
+    logits (rlk_triton.logp calls it for backend="cuda_native" after checking the admission)."""
+    return _slp_native(load("selected_logp"), logits, target, row_index, temperature, temperature_rows,
+                       ignore_index, with_entropy)
 
 
 # ---- the gate ----

@@ -59,6 +59,16 @@ def _triton(op, kernels, devices, **claims) -> Backend:
                    batch_invariant=True, bitwise_deterministic=True, **claims)
 
 
+def _native(op, kernels, shape_ranges, notes) -> Backend:
+    """The native CUDA backend of op: a forward with the Triton backward, the Triton kernels' bits where
+    admitted (docs/native.md); strict-eligible only then (the registry decides), ranked behind Triton."""
+    return Backend(op, "cuda_native", f"CUDA {kernels} (forward; backward by the Triton kernels)", "native",
+                   strict_eligible=False, optimized=True, speed_rank=1, dtypes=DTYPES,
+                   devices="cuda sm90 with nvcc and a source checkout, after `rlk-triton native admit`",
+                   autograd=True, parallel_modes=("data",), shape_ranges=shape_ranges, batch_invariant=True,
+                   bitwise_deterministic=True, notes=f"the Triton kernels' bits where admitted (docs/native.md); {notes}")
+
+
 def _selected_logp() -> Operator:
     shapes = {"V": [1, 262144], "leading_dims": "any (up to two without a copy)", "rows": "any"}
     return Operator("selected_logp", "selected_logp", (
@@ -69,6 +79,9 @@ def _selected_logp() -> Operator:
                 devices="any torch device", autograd=True, parallel_modes=("data",), shape_ranges=shapes,
                 batch_invariant=True, bitwise_deterministic=True,
                 notes="slow; fixed 16-row chunks make every row's reductions one shape"),
+        _native("selected_logp", "kernels native/selected_logp_kernels.cu",
+                {"V": "1 .. 32 vocab chunks (262144 for 2-byte logits, 131072 for float32)",
+                 "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant"),
     ))
 
 
@@ -96,14 +109,10 @@ def _rmsnorm() -> Operator:
         shape_ranges={"H": [1, "any (one tile up to 16384 on CUDA)"], "leading_dims": "any", "rows": "any"},
         notes="y, residual and d x are batch-invariant per row; d weight sums over the batch on a fixed "
               "row partition: run-to-run deterministic, no atomics"),
-        Backend("rmsnorm", "cuda_native", "CUDA kernel native/rmsnorm_kernels.cu (forward; backward by the Triton "
-                "kernels)", "native", strict_eligible=False, optimized=True, speed_rank=1, dtypes=DTYPES,
-                devices="cuda sm90 with nvcc and a source checkout, after `rlk-triton native admit`",
-                autograd=True, parallel_modes=("data",),
-                shape_ranges={"H": "one tile with a lane per thread (128..16384 on sm90)", "residual": "none",
-                              "weight": "x's dtype"},
-                batch_invariant=True, bitwise_deterministic=True,
-                notes="the Triton kernel's bits where admitted (docs/native.md); eager only"),
+        _native("rmsnorm", "kernel native/rmsnorm_kernels.cu",
+                {"H": "one tile with a lane per thread (128..16384 on sm90)",
+                 "residual": "optional (one fused layout refused: docs/native.md)", "weight": "x's dtype"},
+                "eager only"),
     ))
 
 

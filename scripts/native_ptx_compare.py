@@ -1,13 +1,17 @@
-"""Run the Triton kernel's sm90 PTX and the native kernel's PTX side by side in scripts/ptx_emulator.py
+"""Run the Triton kernels' sm90 PTX and the native kernels' PTX side by side in scripts/ptx_emulator.py
 and compare their outputs bit for bit: the check that a native/ kernel follows the Triton kernel's
 order, done before device time is spent on `rlk-triton native admit`.
 
 The Triton PTX is compiled with the GPU machine's Triton (3.6: put its wheel on PYTHONPATH), for each
-case's exact argument values, as the JIT specializes them (scripts/aot_compile_check.py); the native
-PTX with nvcc and the build's flags. Each case's native variant is the one the launcher would pick
-(rlk_triton.native._rmsnorm_config); a case the native kernel refuses is reported as refused.
+case's exact argument values, as the JIT specializes them (scripts/aot_compile_check.py), then given
+ptxas's contractions (ptx_emulator.contract_like_ptxas), whose count is checked against the FFMA
+instructions of the SASS that Triton's own ptxas makes of it; the native PTX is compiled with nvcc and
+the build's flags. Each case's native variant is the one the launcher would pick
+(rlk_triton.native._rmsnorm_config / _slp_config); a case the native kernel refuses is reported so.
+The emulator models the approximate instructions (ex2.approx, rcp.approx) and which lane's write to a
+shared address survives (the last): equal here is evidence, the GPU gate is the proof.
 
-    PYTHONPATH=/path/to/triton-3.6 python scripts/native_ptx_compare.py [--out report.json]
+    PYTHONPATH=/path/to/triton-3.6 python scripts/native_ptx_compare.py [--op rmsnorm selected_logp] [--out r.json]
 
 Exit code 1 when an output of an accepted case differs.
 """
@@ -33,6 +37,8 @@ import ptx_emulator as emu  # noqa: E402
 from aot_compile_check import compile_for_sm90  # noqa: E402
 from rlk_triton import configs, native  # noqa: E402
 from rlk_triton.ops import rmsnorm  # noqa: E402
+from rlk_triton.ops import selected_logp as slp  # noqa: E402
+from rlk_triton.ops.launch import next_power_of_2  # noqa: E402
 
 TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
 N_ROWS = 16  # rows per case: enough that a one-ulp change of order shows in some rstd
@@ -49,13 +55,39 @@ def entry(module: str, name: str = "") -> str:
     return ".visible " + module[i:module.index("\n}\n", i) + 3]
 
 
-def native_ptx() -> str:
+def native_ptx(source: str) -> str:
     flags = [f for f in native.BUILD_FLAGS if not f.startswith("-gencode")]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "k.ptx"
-        subprocess.run(["nvcc", *flags, "-arch=sm_90a", "-ptx", str(native.NATIVE_DIR / "rmsnorm_kernels.cu"),
+        subprocess.run(["nvcc", *flags, "-arch=sm_90a", "-ptx", str(native.NATIVE_DIR / source),
                         "-o", str(out)], check=True, capture_output=True, timeout=900)
         return out.read_text()
+
+
+def sass_ffma(ptx: str):
+    """FFMA instructions in the SASS that the Triton wheel's ptxas makes of a PTX module (None without
+    its cuobjdump)."""
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (bin_dir / "cuobjdump").exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        subprocess.run([str(bin_dir / "ptxas"), "--gpu-name", "sm_90a", str(src), "-o", str(cubin)], check=True,
+                       capture_output=True, timeout=900)
+        out = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    return len(re.findall(r"\bFFMA\b", out))
+
+
+def as_ptxas_compiles(ptx: str) -> str:
+    """Triton's PTX with ptxas's contractions made explicit, checked against the SASS's FFMA count."""
+    contracted, _ = emu.contract_like_ptxas(ptx)
+    ffma = sass_ffma(ptx)
+    want = len(re.findall(r"fma\.rn(?:\.ftz)?\.f32|\.divfull\.", contracted))
+    if ffma is not None and ffma != want:
+        raise RuntimeError(f"the SASS has {ffma} FFMA, the contracted PTX {want} fma: a contraction the emulator "
+                           "does not model")
+    return contracted
 
 
 class Memory:
@@ -128,6 +160,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
         return [mem.get(ya, N * H, dtype), mem.get(oa, N * H, dtype) if fused else None, mem.get(sa, N, torch.float32)]
 
     tptx, (block, warps, rows) = triton_rmsnorm_ptx(dtype, H, x_stride, r_stride or x_stride, fused, N)
+    tptx = as_ptxas_compiles(tptx)
     floats = [f2u(float(H)), f2u(eps), f2u(offset)]
     want = run(entry(tptx), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra if fused else xa,
                                                             r_stride if fused else x_stride, wa, ya, oa if fused else ya,
@@ -162,25 +195,141 @@ def rmsnorm_cases():
     return out
 
 
+def triton_slp_ptx(kernel: str, dtype, V: int, n: int, row_stride: int, total_rows: int, flags: dict):
+    """(ptx, warps) of Triton's selected_logp forward launch ("chunk" or "merge") for these values."""
+    cfg = configs.lookup("selected_logp_fwd", "sm90", dtype, V)
+    split = configs.lookup("selected_logp_chunk", "sm90", dtype, V)
+    n_chunks = slp.chunk_count(V, split.block_v)
+
+    def f(k):
+        return torch.empty(max(k, 1))
+
+    ids = torch.empty(n, dtype=torch.int64)
+    args = dict(logits_ptr=torch.empty(total_rows * row_stride, dtype=dtype), stride_outer=row_stride,
+                stride_inner=0, inner_size=1, target_ptr=ids, row_index_ptr=ids, temperature_ptr=f(n),
+                temperature=1.0, logp_ptr=f(n), entropy_ptr=f(n), row_max_ptr=f(n), row_logsum_ptr=f(n),
+                state_ptr=f(3 * n * n_chunks), V=V, ignore_index=-100, n_rows=n, n_chunks=n_chunks,
+                total_rows=total_rows, **flags)
+    if kernel == "merge":
+        fn, args, warps, stages = slp._fwd_merge_kernel, dict(args, BLOCK_ROWS=slp.MERGE_ROWS,
+                                                              CHUNKS=next_power_of_2(n_chunks)), split.num_warps, 1
+    else:
+        fn, args, warps, stages = slp._fwd_kernel, dict(args, FINISH=n_chunks == 1, BLOCK_V=cfg.block_v,
+                                                        CHUNK_V=split.block_v), cfg.num_warps, cfg.num_stages
+    _, _, ptx, err = compile_for_sm90(fn, args, warps, stages)
+    if err:
+        raise RuntimeError(err)
+    return ptx, warps
+
+
+def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, entropy=True, row_index=False,
+             per_row_t=False, temperature=1.0) -> dict:
+    """Both implementations on the same logits; targets ignored and out of range, a bad row index."""
+    row_stride = row_stride or V
+    total_rows = n + 2 if row_index else n
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(total_rows, row_stride, generator=g) * 4).to(dtype)
+    target = torch.randint(0, V, (n,), generator=g)
+    if n > 2:
+        target[1], target[2] = -100, V + 5
+    rows = torch.randint(0, total_rows, (n,), generator=g) if row_index else None
+    if row_index and n > 3:
+        rows[3] = total_rows + 2
+    temps = (torch.rand(n, generator=g) + 0.5) if per_row_t else None
+    block_v, chunk_v, vec = native._slp_config(logits[:, :V], arch="sm90")
+    n_chunks = slp.chunk_count(V, chunk_v)
+    row = {"dtype": str(dtype)[6:], "V": V, "rows": n, "row_stride": row_stride, "entropy": entropy,
+           "row_index": row_index, "per_row_temperature": per_row_t, "temperature": temperature}
+    if n_chunks > 32:
+        return dict(row, result="refused by the native launcher")
+    flags = dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY=entropy)
+    size = total_rows * row_stride * 4 + n * 64 + 12 * n * n_chunks + (1 << 16)
+
+    def regions(mem):
+        return (mem.put(logits), mem.put(target), mem.put(rows if row_index else target),
+                mem.put(temps if per_row_t else torch.zeros(1)), [mem.put(torch.zeros(n)) for _ in range(4)],
+                mem.put(torch.zeros(3 * n * n_chunks)))
+
+    def outputs(mem, outs):
+        return [mem.get(a, n, torch.float32) for a in outs]
+
+    mem = Memory(size)
+    la, ta, ra, tra, outs, st = regions(mem)
+    params = [la, row_stride, 0, 1, ta, ra, tra, f2u(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks,
+              total_rows, 0, 0]
+    for kernel in ("chunk", "merge") if n_chunks > 1 else ("chunk",):
+        ptx, warps = triton_slp_ptx(kernel, dtype, V, n, row_stride, total_rows, flags)
+        code = entry(as_ptxas_compiles(ptx))
+        for cta in ([(r, c) for r in range(n) for c in range(n_chunks)] if kernel == "chunk"
+                    else range(-(-n // slp.MERGE_ROWS))):
+            emu.run_cta(code, 32 * warps, params, mem.buf, cta)
+    want = outputs(mem, outs)
+
+    mem = Memory(size)
+    la, ta, ra, tra, outs, st = regions(mem)
+    args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, row_stride, 0, 1, ta, ra if row_index else 0,
+                       tra if per_row_t else 0, temperature, outs[0], outs[1] if entropy else 0, outs[2], outs[3], st,
+                       V, -100, n, n_chunks, total_rows, 0, 0)
+    names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
+    tail = f"Lb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}E"
+    chunk = entry(module, f"slp_chunk_kernelI{names[dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EEEvNS_4ArgsEi")
+    for r in range(n):
+        for c in range(n_chunks):
+            emu.run_cta(chunk, 32, [args, chunk_v], mem.buf, (r, c))
+    if n_chunks > 1:
+        merge = entry(module, f"slp_merge_kernelI{names[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
+        for b in range(-(-n // 32)):
+            emu.run_cta(merge, 128, [args], mem.buf, b)
+    got = outputs(mem, outs)
+    same = {label: torch.equal(a.view(torch.int32), b.view(torch.int32))
+            for label, a, b in zip(("logp", "entropy", "row_max", "row_logsum"), want, got)
+            if label != "entropy" or entropy}
+    return dict(row, vec=vec, chunks=n_chunks, same_bits=same, result="equal" if all(same.values()) else "DIFFERENT")
+
+
+def slp_cases():
+    """Every chunk count class (1, 2, 4, 8, 16, 32 merge lanes; FINISH with both tile widths), each
+    dtype, the flags, a row stride not a multiple of 16, odd V."""
+    out = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        out += [(dtype, V, 5, {}) for V in (1000, 8000, 16000, 32000, 50257, 128256, 151936)]
+    bf = torch.bfloat16
+    out += [(bf, 151936, 5, dict(entropy=False)), (bf, 151936, 5, dict(row_index=True)),
+            (bf, 151936, 4, dict(per_row_t=True)), (bf, 151936, 3, dict(temperature=0.7)),
+            (bf, 151936, 3, dict(row_stride=151937)), (bf, 1000, 5, dict(row_stride=1008)),
+            (torch.float16, 50257, 4, dict(row_stride=50264, entropy=False)), (bf, 16000, 40, {}),
+            (bf, 262144, 2, {})]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", nargs="+", default=["rmsnorm", "selected_logp"], choices=["rmsnorm", "selected_logp"])
     ap.add_argument("--out", help="write the JSON report here")
     args = ap.parse_args()
-    module = native_ptx()
-    rows = []
-    for i, case in enumerate(rmsnorm_cases()):
-        rows.append(rmsnorm_case(module, *case, seed=i))
-        print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=native.NATIVE_DIR).stdout
-    report = {"op": "rmsnorm forward", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": commit.strip() or None, "triton": triton.__version__, "torch": torch.__version__,
-              "nvcc_flags": list(native.BUILD_FLAGS), "rows_per_case": N_ROWS,
-              "rows": rows, "different": sum(r["result"] == "DIFFERENT" for r in rows),
-              "refused": sum(r["result"].startswith("refused") for r in rows)}
+              "nvcc_flags": list(native.BUILD_FLAGS), "ops": {}}
+    for op in args.op:
+        if op == "rmsnorm":
+            module = native_ptx("rmsnorm_kernels.cu")
+            runs = [lambda case=case, i=i: rmsnorm_case(module, *case, seed=i) for i, case in enumerate(rmsnorm_cases())]
+        else:
+            module = native_ptx("selected_logp_kernels.cu")
+            runs = [lambda case=case, i=i: slp_case(module, case[0], case[1], case[2], seed=i, **case[3])
+                    for i, case in enumerate(slp_cases())]
+        rows = []
+        for run in runs:
+            rows.append(run())
+            print(op, json.dumps(rows[-1]), flush=True)
+        report["ops"][op] = {"rows": rows, "different": sum(r["result"] == "DIFFERENT" for r in rows),
+                             "refused": sum(r["result"].startswith("refused") for r in rows)}
+        print(f"{op}: {len(rows)} cases, {report['ops'][op]['different']} different, "
+              f"{report['ops'][op]['refused']} refused by the native launcher")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"{len(rows)} cases: {report['different']} different, {report['refused']} refused by the native launcher")
-    return 1 if report["different"] else 0
+    return 1 if any(o["different"] for o in report["ops"].values()) else 0
 
 
 if __name__ == "__main__":

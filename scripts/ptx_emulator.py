@@ -1,7 +1,10 @@
-"""A small lockstep PTX emulator: one CTA of a kernel without backward branches (straight-line code and
-forward branches, shuffles, shared memory, bar.sync), run on the CPU bit-exactly for the instructions
-it knows (it raises NotImplementedError on others). f32 add / mul / div / sqrt are numpy float32
-(IEEE round to nearest even); fma.rn is exact (fma32).
+"""A small lockstep PTX emulator: one CTA of a kernel (straight-line code, forward branches, loops whose
+back edge every active thread takes together, shuffles, shared memory, bar.sync), run on the CPU
+bit-exactly for the instructions it knows (it raises NotImplementedError on others). f32 add / mul /
+div / sqrt are numpy float32 (IEEE round to nearest even); fma.rn is exact (fma32); .ftz flushes
+subnormals. The approximate instructions (ex2.approx.ftz, div.full) are deterministic models, not the
+hardware's bits: a comparison of two kernels that use them on the same values is valid, a comparison
+with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
 
 What it is for: checking, without a GPU, that a native/ kernel's PTX (nvcc -ptx) computes in a given
 order. It reproduced the H200 gate's refusal of the first native rms_norm forward output for output,
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 MASK = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
+PARAM_BASE = 1 << 48  # the address space of kernel parameters (an address taken with mov)
 
 
 def fma32(a, b, c):
@@ -35,6 +39,12 @@ def fma32(a, b, c):
         tie = (s == mid) & (e != 0) & np.isfinite(s)
         fix = np.where(e > 0, hi, lo)
     return np.where(tie, fix, f).astype(np.float32)
+
+
+def flush(f):
+    """Subnormal float32 values to zero of the same sign (.ftz)."""
+    f = np.asarray(f, np.float32)
+    return np.where(np.abs(f) < np.float32(1.1754944e-38), np.copysign(np.float32(0), f), f).astype(np.float32)
 
 
 def f32(u):
@@ -65,8 +75,8 @@ def parse(ptx):
     """(entry name, params, shared decls, list of (label | instruction tuple))."""
     body = ptx[ptx.index(".entry"):]
     name = re.match(r"\.entry\s+(\w+)", body).group(1)
-    params = [(ln.split()[1], ln.split()[-1].rstrip(",")) for ln in body[:body.index(")")].splitlines()
-              if ln.strip().startswith(".param")]
+    params = [(ln.split()[1], re.sub(r"\[\d*\]$", "", ln.split()[-1].rstrip(",")))  # a .b8 array: its name
+              for ln in body[:body.index(")")].splitlines() if ln.strip().startswith(".param")]
     shared = re.findall(r"\.shared\s+\.align\s+(\d+)\s+\.b8\s+(\w+)\[(\d*)\]", ptx)
     body = body[body.index("{", body.index(")")) + 1:]
     body = re.sub(r"//[^\n]*", "", body)
@@ -131,6 +141,7 @@ class CTA:
         self.active = np.ones(nthreads, bool)
         self.waiting = {}  # label -> mask of threads that branched there
         self.seen = set()
+        self.labels = {item[1]: k for k, item in enumerate(self.prog) if item[0] == "label"}
 
     # ---- operands ----
     def val(self, a):
@@ -138,10 +149,11 @@ class CTA:
         if a.startswith("%"):
             if a == "%tid.x":
                 return self.tid.copy()
-            if a in ("%tid.y", "%tid.z", "%ctaid.y", "%ctaid.z"):
+            if a in ("%tid.y", "%tid.z", "%ctaid.z"):
                 return np.zeros(self.n, np.uint64)
-            if a == "%ctaid.x":
-                return np.full(self.n, self.ctaid, np.uint64)
+            if a in ("%ctaid.x", "%ctaid.y"):
+                cta = self.ctaid if isinstance(self.ctaid, tuple) else (self.ctaid, 0)
+                return np.full(self.n, cta[a == "%ctaid.y"], np.uint64)
             if a == "%ntid.x":
                 return np.full(self.n, self.n, np.uint64)
             if a in ("%laneid",):
@@ -155,6 +167,9 @@ class CTA:
             return np.full(self.n, int(a, 16), np.uint64)
         if a in self.sym:
             return np.full(self.n, self.sym[a], np.uint64)
+        pidx = [p[1] for p in self.pdecl]
+        if a in pidx:  # a parameter's address (nvcc takes a struct parameter's): ld.param decodes it
+            return np.full(self.n, PARAM_BASE + (pidx.index(a) << 32), np.uint64)
         raise ValueError(f"operand {a}")
 
     def addr(self, a):
@@ -165,7 +180,7 @@ class CTA:
             return (self.val(base) + np.uint64(off & MASK[64])) & np.uint64(MASK[64])
         pidx = [p[1] for p in self.pdecl]
         if base in pidx:
-            return ("param", pidx.index(base))
+            return ("param", pidx.index(base), off)
         return np.full(self.n, self.sym[base] + off, np.uint64)
 
     def setr(self, d, v, mask):
@@ -198,7 +213,12 @@ class CTA:
                 mask &= ~p if pred[0] else p
             if op.startswith("bra"):
                 tgt = args[0]
-                assert tgt not in self.seen, "backward branch: " + tgt
+                if tgt in self.seen:  # a loop's back edge: taken by every active thread or by none
+                    if mask.any():
+                        if (mask != self.active).any():
+                            raise NotImplementedError("divergent backward branch to " + tgt)
+                        i = self.labels[tgt]
+                    continue
                 self.waiting[tgt] = self.waiting.get(tgt, np.zeros(self.n, bool)) | mask
                 self.active &= ~mask
                 continue
@@ -212,8 +232,22 @@ class CTA:
         base = o[0]
         M64 = np.uint64(MASK[64])
         if base == "ld" and o[1] == "param":
-            idx = self.addr(a[1])[1]
-            self.setr(a[0], np.full(self.n, self.params[idx] & MASK[64], np.uint64), mask)
+            at = self.addr(a[1])
+            if isinstance(at, tuple):
+                _, idx, off = at
+            else:  # through a register holding a parameter's address (uniform)
+                at = int(at[np.nonzero(mask)[0][0]]) if mask.any() else PARAM_BASE
+                idx, off = (at - PARAM_BASE) >> 32, at & 0xFFFFFFFF
+            value = self.params[idx]
+            regs = [x.strip() for x in a[0].strip("{} ").split(",")]  # ld.param.v2 / .v4 too
+            width = int(re.sub(r"\D", "", o[-1])) // 8
+            for k, reg in enumerate(regs):
+                if isinstance(value, (bytes, bytearray)):  # a struct passed by value: its bytes
+                    v = int.from_bytes(value[off + k * width:off + (k + 1) * width], "little")
+                else:
+                    assert len(regs) == 1 and off == 0, op
+                    v = value
+                self.setr(reg, np.full(self.n, v & MASK[64], np.uint64), mask)
             return
         if base == "mov":
             d, s = a
@@ -279,11 +313,47 @@ class CTA:
             self.ops.append((base, o))
             self.setr(a[0], r, mask)
             return
+        if base == "ex2" and o[1:] == ["approx", "ftz", "f32"]:
+            # a model of the hardware's approximation (correctly rounded 2^x, subnormals flushed): both
+            # kernels compared use this instruction, so the comparison needs only a deterministic one
+            x = flush(f32(self.val(a[1])))
+            with np.errstate(all="ignore"):
+                r = flush(np.exp2(x.astype(np.float64)).astype(np.float32))
+            self.ops.append((base, o))
+            self.setr(a[0], u32(r), mask)
+            return
+        if (base == "rcp" and o[1:] == ["approx", "ftz", "f32"]) or (base == "div" and o[1:] == ["full", "f32"]) \
+                or (base in ("add", "sub") and o[1:] == ["divfull", "f32"]):
+            # div.full.f32 a, b as ptxas expands it: both scaled by 1/4 when |b| > 2^126, by 2^24 when
+            # |b| < 2^-126, then a' * rcp(b') (MUFU.RCP: rcp.approx.ftz, modelled as a correctly rounded
+            # reciprocal with subnormals flushed, like ex2). add / sub.divfull x, a, b: x +- a / b with
+            # that final product contracted into the add (contract_like_ptxas makes them).
+            x = [f32(self.val(s)) for s in a[1:]]
+            num, den = (np.float32(1), x[0]) if base == "rcp" else (x[-2], x[-1])
+            with np.errstate(all="ignore"):
+                if base != "rcp":
+                    big, small = np.abs(den) > np.float32(2.0 ** 126), np.abs(den) < np.float32(2.0 ** -126)
+                    num = np.where(big, num * np.float32(0.25), num).astype(np.float32)
+                    den = np.where(big, den * np.float32(0.25), den).astype(np.float32)
+                    num = np.where(small, num * np.float32(2.0 ** 24), num).astype(np.float32)
+                    den = np.where(small, den * np.float32(2.0 ** 24), den).astype(np.float32)
+                rcp = flush((np.float64(1) / flush(den).astype(np.float64)).astype(np.float32))
+                if base == "rcp":
+                    r = rcp
+                elif base == "div":
+                    r = num * rcp
+                else:
+                    r = fma32(rcp, num if base == "add" else -num, x[0])
+            self.ops.append((base, o))
+            self.setr(a[0], u32(r), mask)
+            return
         if base in ("add", "sub", "mul", "div", "fma", "sqrt", "rcp", "neg", "abs", "min", "max") and "f32" in o:
             x = [f32(self.val(s)) for s in a[1:]]
-            assert "ftz" not in o and "approx" not in o and "full" not in o, op
-            if base in ("div", "sqrt", "fma", "rcp"):
+            assert "approx" not in o and ("ftz" not in o or base == "fma"), op
+            if base in ("sqrt", "fma", "rcp", "div"):
                 assert "rn" in o, op
+            if "ftz" in o:
+                x = [flush(v) for v in x]
             with np.errstate(all="ignore"):
                 if base == "add": r = x[0] + x[1]
                 elif base == "sub": r = x[0] - x[1]
@@ -294,8 +364,10 @@ class CTA:
                 elif base == "fma": r = fma32(x[0], x[1], x[2])
                 elif base == "neg": r = -x[0]
                 elif base == "abs": r = np.abs(x[0])
-                elif base == "min": r = np.minimum(x[0], x[1])
-                elif base == "max": r = np.maximum(x[0], x[1])
+                elif base == "min": r = np.fmin(x[0], x[1])  # PTX min / max: a NaN operand loses
+                elif base == "max": r = np.fmax(x[0], x[1])
+            if "ftz" in o:
+                r = flush(r)
             self.ops.append((base, o))
             self.setr(a[0], u32(r), mask)
             return
@@ -312,8 +384,17 @@ class CTA:
                 y = y.astype(np.int64) if w == 64 else (y.astype(np.uint32).view(np.int32) if w == 32 else y.astype(np.uint16).view(np.int16)).astype(np.int64)
             elif t == "f32":
                 x, y = f32(x), f32(y)
-            r = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y,
-                 "lo": x < y, "ls": x <= y, "hi": x > y, "hs": x >= y}[cmp]
+            with np.errstate(invalid="ignore"):
+                if t == "f32" and cmp.endswith("u") and cmp not in ("nu",):  # unordered: true with a NaN
+                    r = {"equ": x == y, "neu": x != y, "ltu": x < y, "leu": x <= y, "gtu": x > y,
+                         "geu": x >= y}[cmp] | np.isnan(x) | np.isnan(y)
+                elif t == "f32" and cmp in ("num", "nan"):
+                    r = (~np.isnan(x) & ~np.isnan(y)) if cmp == "num" else (np.isnan(x) | np.isnan(y))
+                else:
+                    r = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y,
+                         "lo": x < y, "ls": x <= y, "hi": x > y, "hs": x >= y}[cmp]
+                    if t == "f32" and cmp == "ne":  # ordered: false with a NaN
+                        r = r & ~np.isnan(x) & ~np.isnan(y)
             dests = a[0].split("|")
             self.setr(dests[0], r, mask)
             if len(dests) > 1:
@@ -400,8 +481,8 @@ class CTA:
             return
         if base == "shfl":
             assert o[2] == "bfly", op
-            assert np.all((self.val(a[3]) & np.uint64(0xFFFFFFFF)) == 31), a
-            assert np.all((self.val(a[4]) & np.uint64(0xFFFFFFFF)) == 0xFFFFFFFF), a
+            assert np.all((self.val(a[3])[mask] & np.uint64(0xFFFFFFFF)) == 31), a
+            assert np.all((self.val(a[4])[mask] & np.uint64(0xFFFFFFFF)) == 0xFFFFFFFF), a
             dests = a[0].split("|")
             v = self.val(a[1]); lane_mask = self.val(a[2])
             src = self.tid ^ (lane_mask & np.uint64(31))
@@ -452,6 +533,52 @@ class CTA:
                     self.setr(r, out[r], mask)
             return
         raise NotImplementedError(op)
+
+
+def contract_like_ptxas(ptx):
+    """Triton's PTX as ptxas compiles it: a plain mul.f32 whose result has one use, an add.f32 or
+    sub.f32, becomes an fma there (ptxas contracts by default; .rn operations never). Callers check
+    the count against the SASS's FFMA instructions (scripts/native_ptx_compare.py)."""
+    lines = ptx.split("\n")
+    count = 0
+    for _ in range(2):  # products, then div.full's final product (ptxas expands it, then contracts)
+        lines, n = _contract(lines, divisions=_ > 0)
+        count += n
+    return "\n".join(lines), count
+
+
+def _contract(lines, divisions):
+    lines = "\n".join(lines).split("\n")
+    uses = {}
+    for k, ln in enumerate(lines):
+        for reg in re.findall(r"%r\d+\b", ln):
+            uses.setdefault(reg, []).append(k)
+    count = 0
+    for k, ln in enumerate(lines):
+        pattern = r"^\s*div\.full\.f32\s+(%r\d+),\s*([^,]+),\s*([^;]+);" if divisions else \
+            r"^\s*mul\.f32\s+(%r\d+),\s*([^,]+),\s*([^;]+);"
+        m = re.match(pattern, ln)
+        if not m or len(uses[m.group(1)]) != 2:
+            continue
+        d, x, y = m.group(1), m.group(2).strip(), m.group(3).strip()
+        j = uses[d][1]
+        u = re.match(r"^(\s*)(add|sub)\.f32\s+(%r\d+),\s*([^,]+),\s*([^;]+);(.*)$", lines[j])
+        if not u or d not in (u.group(4).strip(), u.group(5).strip()):
+            continue
+        ind, op, out, p, q, rest = u.group(1), u.group(2), u.group(3), u.group(4).strip(), u.group(5).strip(), u.group(6)
+        other = q if p == d else p
+        if divisions:  # x +- a / b, the quotient's product contracted (only `other - a / b` or a sum)
+            if op == "sub" and p == d:
+                continue
+            lines[j] = f"{ind}{op}.divfull.f32 {out}, {other}, {x}, {y};{rest}"
+        elif op == "add":
+            lines[j] = f"{ind}fma.rn.f32 {out}, {x}, {y}, {other};{rest}"
+        elif p == d:  # x * y - other
+            lines[j] = f"{ind}neg.f32 %rcontract{count}, {other};\n{ind}fma.rn.f32 {out}, {x}, {y}, %rcontract{count};{rest}"
+        else:  # other - x * y
+            lines[j] = f"{ind}neg.f32 %rcontract{count}, {x};\n{ind}fma.rn.f32 {out}, %rcontract{count}, {y}, {other};{rest}"
+        count += 1
+    return lines, count
 
 
 def run_cta(ptx, nthreads, params, gmem, ctaid):

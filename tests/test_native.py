@@ -13,22 +13,25 @@ from rlk_triton import cli, native
 NVCC = shutil.which("nvcc")
 
 
+SOURCES = [name for op in native.OPS.values() for name in op.sources]
+
+
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on this machine")
-def test_kernels_compile_for_sm90(tmp_path):
-    for name in native.OPS["rmsnorm"].sources:
-        if name.endswith(".cu"):
-            out = subprocess.run([NVCC, "-c", *native.BUILD_FLAGS, str(native.NATIVE_DIR / name), "-o",
-                                  str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
-            assert out.returncode == 0, out.stderr[-3000:]
+@pytest.mark.parametrize("name", [n for n in SOURCES if n.endswith(".cu")])
+def test_kernels_compile_for_sm90(tmp_path, name):
+    out = subprocess.run([NVCC, "-c", *native.BUILD_FLAGS, str(native.NATIVE_DIR / name), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
-def test_binding_parses_against_torch_headers():
+@pytest.mark.parametrize("name", [n for n in SOURCES if n.endswith(".cpp")])
+def test_binding_parses_against_torch_headers(name):
     from torch.utils.cpp_extension import include_paths
 
     flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     out = subprocess.run(["g++", "-std=c++20", "-w", "-fsyntax-only", *flags, "-DTORCH_EXTENSION_NAME=rlk_native",
-                          str(native.NATIVE_DIR / "bindings.cpp")], capture_output=True, text=True, timeout=600)
+                          str(native.NATIVE_DIR / name)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -46,8 +49,9 @@ def _record(fp):
 def test_no_record_means_not_admitted(cache):
     ok, why = native.admission("rmsnorm", "cpu")
     assert not ok and "no admission record" in why and str(cache) in why
-    (row,) = native.status("cpu")
-    assert row["backend"] == "rmsnorm.cuda_native" and row["admitted"] is False
+    rows = {row["backend"]: row for row in native.status("cpu")}
+    assert set(rows) == {"rmsnorm.cuda_native", "selected_logp.cuda_native"}
+    assert not any(row["admitted"] for row in rows.values())
 
 
 def test_a_record_counts_only_with_this_fingerprint(cache):
@@ -123,12 +127,13 @@ def test_unknown_op_is_a_typed_error():
 
 
 @pytest.mark.gpu
-def test_rmsnorm_kernel_through_the_gate(tmp_path, monkeypatch):
+@pytest.mark.parametrize("op", sorted(native.OPS))
+def test_native_kernel_through_the_gate(tmp_path, monkeypatch, op):
     """The admission itself: every gate case bitwise equal to the Triton kernel, a record written."""
     monkeypatch.setenv("RLK_NATIVE_CACHE", str(tmp_path))
-    report = native.admit("rmsnorm")
+    report = native.admit(op)
     assert report["admitted"], report["mismatches"][:5]
-    assert native.admission("rmsnorm")[0]
+    assert native.admission(op)[0]
 
 
 # ---- the registry and the call path ----
@@ -247,3 +252,75 @@ def test_cuda_native_refuses_rows_it_has_no_kernel_for(device, monkeypatch):
         x = torch.randn(2, H, device=device).to(torch.bfloat16)
         with pytest.raises(BackendError, match="one tile"):
             rmsnorm.rms_norm(x, torch.ones(H, device=device, dtype=torch.bfloat16), backend="cuda_native")
+
+
+# ---- selected_logp ----
+
+def test_selected_logp_cuda_native_without_an_admission_is_a_typed_error(device, cache):
+    from rlk_triton.errors import BackendError
+    from rlk_triton.logp import selected_logp, selected_logp_indexed
+
+    native.usable.cache_clear()
+    logits = torch.randn(3, 100, device=device)
+    t = torch.tensor([1, 2, 3], device=device)
+    with pytest.raises(BackendError, match="not usable here"):
+        selected_logp(logits, t, backend="cuda_native")
+    with pytest.raises(BackendError, match="no indexed variant"):
+        selected_logp_indexed(logits, t, torch.arange(3, device=device), backend="cuda_native")
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_an_admitted_native_selected_logp_runs_with_the_triton_backward(device, monkeypatch, entropy):
+    """The call path with the native forward stood in by the Triton launcher (the gate's job is the
+    bits): values and gradients equal the Triton path's, with a per-row temperature and an ignored row."""
+    from rlk_triton.logp import selected_logp
+
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
+    monkeypatch.setattr(native, "selected_logp_fwd", native._slp_triton)
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(5, 300, generator=g) * 3).to(device, torch.bfloat16)
+    t = torch.randint(0, 300, (5,), generator=g).to(device)
+    t[2] = -100
+    temps = (torch.rand(5, generator=g) + 0.5).to(device)
+    outs = []
+    for backend in ("triton", "cuda_native"):
+        x = logits.clone().requires_grad_()
+        out = selected_logp(x, t, temperature=temps, return_entropy=entropy, backend=backend)
+        logp, ent = out if entropy else (out, None)
+        (logp.sum() + (ent.sin().sum() if entropy else 0)).backward()
+        outs.append((logp.detach(), x.grad) + ((ent.detach(),) if entropy else ()))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    with torch.no_grad():  # a rollout: no graph, the native forward alone
+        out = selected_logp(logits[0], t[0], temperature=0.7, backend="cuda_native")
+        assert torch.equal(out, selected_logp(logits[0], t[0], temperature=0.7))
+
+
+def test_selected_logp_cuda_native_refuses_what_it_has_no_kernel_for(device, monkeypatch):
+    """[B, T, V] logits, more vocab chunks than a merge warp has lanes, unaligned logits: BackendError,
+    never another order."""
+    from rlk_triton.errors import BackendError
+    from rlk_triton.logp import selected_logp
+
+    monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
+    layout = native._slp_config
+    monkeypatch.setattr(native, "_slp_config", lambda x: layout(x, "sm90"))  # the H200's table
+    with pytest.raises(BackendError, match=r"\[N, V\] or \[V\]"):
+        selected_logp(torch.randn(2, 3, 64, device=device), torch.zeros(2, 3, dtype=torch.long, device=device),
+                      backend="cuda_native")
+    with pytest.raises(BackendError, match="at most 32 vocab chunks"):
+        selected_logp(torch.empty(1, 32 * 8192 + 1, device=device, dtype=torch.bfloat16).fill_(0),
+                      torch.zeros(1, dtype=torch.long, device=device), backend="cuda_native")
+    buf = torch.zeros(2 * 64 + 1, device=device, dtype=torch.bfloat16)
+    with pytest.raises(BackendError, match="16-byte aligned"):
+        selected_logp(buf[1:].view(2, 64), torch.zeros(2, dtype=torch.long, device=device), backend="cuda_native")
+
+
+def test_selected_logp_native_layout_follows_the_row_stride():
+    """vec: the full vector for row strides that are multiples of 16, else 1 (docs/native.md)."""
+    x = torch.empty(2, 151936, dtype=torch.bfloat16)
+    assert native._slp_config(x, "sm90") == (2048, 8192, 8)
+    assert native._slp_config(torch.empty(2, 151952, dtype=torch.bfloat16)[:, :151936], "sm90")[2] == 8
+    assert native._slp_config(torch.empty(2, 151937, dtype=torch.bfloat16)[:, :151936], "sm90")[2] == 1
+    assert native._slp_config(torch.empty(2, 4096, dtype=torch.float32), "sm90") == (1024, 8192, 4)
+    assert native._slp_config(torch.empty(2, 151936, dtype=torch.float32), "sm90") == (1024, 4096, 4)

@@ -66,7 +66,7 @@ def test_mode_table(fast, consistency, where, want, situation):
     assert d.chosen == want
     rec = json.loads(json.dumps(d.to_dict()))  # JSON-serializable
     assert rec == log.records()[-1]
-    assert {c["backend_id"] for c in rec["candidates"]} == {TRITON, REF}
+    assert {c["backend_id"] for c in rec["candidates"]} == {TRITON, REF, "selected_logp.cuda_native"}
     assert all(c["reason"] for c in rec["candidates"])
     assert sum(c["taken"] for c in rec["candidates"]) == (0 if want == NATIVE else 1)
     assert rec["diagnostics"] == (consistency != "off")
@@ -136,8 +136,12 @@ def test_real_capabilities_on_this_machine(device):
     caps = [c for c in registry.capabilities(device) if c["op"] == "selected_logp"]  # RL ops: test_rl_registry.py
     json.dumps(caps)
     by = {c["backend_id"]: c for c in caps}
-    assert set(by) == {TRITON, REF}
+    assert set(by) == {TRITON, REF, "selected_logp.cuda_native"}
     assert by[REF]["available"] and by[REF]["strict_eligible"] and by[REF]["backend_class"] == "reference"
+    native = by["selected_logp.cuda_native"]
+    assert native["backend_class"] == "native"
+    if device == "cpu":  # no CUDA here: listed, with why it is not available
+        assert not native["available"] and not native["strict_eligible"] and native["unavailable_reason"]
     if device == "cpu":
         assert by[TRITON]["available"], by[TRITON]["unavailable_reason"]
         assert not by[TRITON]["optimized"]  # the interpreter

@@ -393,3 +393,37 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
 
 call_selected_logp_fwd = autograd_op(selected_logp_fwd, _backward, _setup_context)
 call_selected_logp_bwd = direct(selected_logp_bwd)
+
+
+# ---- the admitted native forward (backend="cuda_native"; docs/native.md) ----
+
+class _NativeForward(torch.autograd.Function):
+    """The native forward with the Triton backward: the custom op's setup_context and backward on the
+    same saved tensors (the native row_max / row_logsum / entropy are the Triton kernels' bits)."""
+
+    @staticmethod
+    def forward(ctx, logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+        from .. import native
+
+        out = native.selected_logp_fwd(logits, target_ids, row_index, temperature, temperature_rows, ignore_index,
+                                       with_entropy)
+        _setup_context(ctx, (logits, target_ids, row_index, temperature, temperature_rows, ignore_index,
+                             with_entropy), out)
+        ctx.mark_non_differentiable(*out[2:])
+        return out
+
+    backward = staticmethod(_backward)
+
+
+def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy):
+    """(logp, entropy, row_max, row_logsum) through the native kernels: the caller has checked the
+    admission and the layout (rlk_triton.logp._native_selected_logp)."""
+    from .. import native
+    from .dispatch import wants_grad
+
+    if wants_grad((logits2d,)):
+        return _NativeForward.apply(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
+                                    with_entropy)
+    # a rollout: no graph to record, so not the autograd.Function's host time either
+    return native.selected_logp_fwd(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
+                                    with_entropy)

@@ -1,0 +1,371 @@
+// selected_logp forward, written to give the Triton kernels' bits: rlk_triton/ops/selected_logp.py
+// _fwd_kernel (a program per (scored row, vocab chunk): the chunk's tiles folded into a softmax state;
+// FINISH: a row of one chunk writes its results) and _fwd_merge_kernel (each row's chunk states merged
+// in one step, then the results), with the locked configs' BLOCK_V, CHUNK_V and warps
+// (rlk_triton/configs.py "selected_logp_fwd" / "selected_logp_chunk"). One call launches both, so a
+// decode-sized call pays one host round trip instead of two Triton launches.
+//
+// The order is Triton 3.6's (the GPU machine's), read from the kernels' sm90 PTX and SASS compiled with
+// the 3.6 wheel under the JIT's specialization, and checked by running that PTX (with ptxas's one
+// contraction, below) and this file's PTX side by side in scripts/ptx_emulator.py
+// (scripts/native_ptx_compare.py):
+//   chunk kernel, one warp, thread t holds register r = c * VEC + j at lane c * VEC * 32 + t * VEC + j;
+//   per tile, with x_r the raw logit in fp32 and inv_t = div.full(1, temperature):
+//     1. xs_r = inv_t * x_r (rounded); tile max = max chained in register order, then butterflies
+//        16 .. 1; m' = max(m, tile max); shift = m' == -inf ? 0 : m';
+//     2. d_r = fma(inv_t, x_r, -shift) (the product not rounded: LLVM contracts it), e_r =
+//        ex2.approx.ftz(d_r * log2 e), alpha = ex2.approx.ftz((m - shift) * log2 e);
+//     3. with entropy: moved = s > 0 ? s * (m - shift) : 0; u = sum_r (e_r > 0 ? d_r * e_r : 0)
+//        (chained in register order, then butterflies); t' = fma(t + moved, alpha, u);
+//     4. s' = fma(s, alpha, sum_r e_r) (the same chain and butterflies);
+//   the tail tile's lanes past V hold -inf (e = 0, no entropy term).
+//   merge kernel, four warps, lane % CHUNKS = chunk (CHUNKS = next_pow2(chunks), 2 .. 32 lanes a row):
+//     m = butterfly max; shift as above; d_c = m_c - shift; beta_c = ex2.approx.ftz(d_c * log2 e);
+//     s = butterflies over the row's lanes of s_c * beta_c, the first add contracted:
+//         fma(beta_c, s_c, shfl(s_c * beta_c, CHUNKS / 2)), then adds at CHUNKS / 4 .. 1;
+//     t likewise of (t_c + (s_c > 0 ? d_c * s_c : 0)) * beta_c;
+//   results (both kernels): log_s = log2(s) * ln 2 with libdevice's log2f (ftz) instruction for
+//   instruction (log2_ftz), logp = (x_t - m) - log_s with x_t - m = fma(x_t raw, inv_t, -m) (ptxas
+//   contracts Triton's mul and sub into an fma), entropy = log_s - div.full(t, s) with div.full's final
+//   product contracted into the subtraction (ptxas does that to Triton's; div_full_parts spells it out).
+// Every other operation is an explicit _rn intrinsic (built with --fmad=false). The approximate
+// instructions (ex2.approx.ftz, div.full) are Triton's own choices; the GPU gate checks their bits.
+// No torch headers: CI compiles this file for sm_90a with nvcc alone.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+#define RLK_NAN __int_as_float(0x7FC00000)  // Triton's float("nan"): the gate compares NaNs by bit pattern
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// div.full.f32 a / b as ptxas expands Triton's: a and b scaled by 1/4 when |b| > 2^126 and by 2^24 when
+// |b| < 2^-126, then a' * rcp.approx.ftz(b') (MUFU.RCP). Spelled out so that the final product can be
+// contracted where Triton's SASS contracts it (the entropy's log_s - t / s), and nowhere else.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void div_full_parts(float a, float b, float& num, float& rcp) {
+  const bool big = fabsf(b) > 8.50705917302346158658e+37f, small = fabsf(b) < 1.17549435082228750797e-38f;
+  if (big) { a = __fmul_rn(a, 0.25f); b = __fmul_rn(b, 0.25f); }
+  if (small) { a = __fmul_rn(a, 16777216.0f); b = __fmul_rn(b, 16777216.0f); }
+  num = a;
+  rcp = rcp_approx(b);
+}
+__device__ __forceinline__ float div_full(float a, float b) {
+  float num, rcp;
+  div_full_parts(a, b, num, rcp);
+  return __fmul_rn(num, rcp);
+}
+__device__ __forceinline__ float fma_ftz(float a, float b, float c) {
+  float y;
+  asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(y) : "f"(a), "f"(b), "f"(c));
+  return y;
+}
+
+// libdevice's log2f with flush to zero (the one Triton links), instruction for instruction: the
+// argument's exponent split off around sqrt(1/2), a degree-10 polynomial in f = mantissa - 1.
+__device__ __forceinline__ float log2_ftz(float a) {
+  const bool tiny = a < 1.17549435e-38f;  // below the smallest normal: scaled by 2^23 first
+  const float x = tiny ? __fmul_rn(a, 8388608.0f) : a;
+  const float e0 = tiny ? -23.0f : 0.0f;
+  const int xi = __float_as_int(x);
+  const int k = (xi - 0x3F3504F3) & (int)0xFF800000;
+  const float ek = fma_ftz((float)k, 1.1920928955078125e-7f, e0);
+  const float f = __fadd_rn(__int_as_float(xi - k), -1.0f);
+  float p = fma_ftz(__int_as_float(0x3DC6B27F), f, __int_as_float(0xBE2C7F30));
+  p = fma_ftz(p, f, __int_as_float(0x3E2FCF2A));
+  p = fma_ftz(p, f, __int_as_float(0xBE374E43));
+  p = fma_ftz(p, f, __int_as_float(0x3E520BF4));
+  p = fma_ftz(p, f, __int_as_float(0xBE763C8B));
+  p = fma_ftz(p, f, __int_as_float(0x3E93BF99));
+  p = fma_ftz(p, f, __int_as_float(0xBEB8AA49));
+  p = fma_ftz(p, f, __int_as_float(0x3EF6384A));
+  p = fma_ftz(p, f, __int_as_float(0xBF38AA3B));
+  const float q = __fmul_rn(f, __fmul_rn(f, p));
+  float r = __fadd_rn(ek, fma_ftz(f, __int_as_float(0x3FB8AA3B), q));
+  if (!((unsigned)xi < 0x7F800000u)) r = fma_ftz(x, CUDART_INF_F, CUDART_INF_F);  // inf, NaN, negatives
+  return x == 0.0f ? -CUDART_INF_F : r;
+}
+
+template <typename T> struct Raw;
+template <> struct Raw<float> { using type = unsigned; };
+template <> struct Raw<__half> { using type = unsigned short; };
+template <> struct Raw<__nv_bfloat16> { using type = unsigned short; };
+
+__device__ __forceinline__ float to_f32(float, unsigned b) { return __uint_as_float(b); }
+__device__ __forceinline__ float to_f32(__half, unsigned short b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16, unsigned short b) {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+
+__device__ __forceinline__ float shfl(float v, int d) { return __shfl_xor_sync(0xffffffffu, v, d); }
+
+struct Args {
+  const void* logits; int64_t stride_outer, stride_inner, inner_size;
+  const void* target; const void* row_index; const float* temperature_rows; float temperature;
+  float *logp, *entropy, *row_max, *row_logsum, *state;
+  int64_t V, ignore_index; int n_rows, n_chunks; int64_t total_rows;
+  int target_32, row_index_32;  // index tensors of int32 (else int64), widened as Triton's .to(int64)
+};
+
+__device__ __forceinline__ int64_t index_at(const void* p, bool is_32, int64_t k) {
+  return is_32 ? (int64_t) reinterpret_cast<const int*>(p)[k] : reinterpret_cast<const int64_t*>(p)[k];
+}
+
+// (row, row_ok) of scored row pid: a row index outside the logits is clamped to row 0 and flagged.
+template <bool ROW_INDEX>
+__device__ __forceinline__ int64_t row_of(const Args& a, int64_t pid, bool& ok) {
+  const int64_t row = ROW_INDEX ? index_at(a.row_index, a.row_index_32, pid) : pid;
+  ok = row >= 0 && row < a.total_rows;
+  return ok ? row : 0;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* row_start(const Args& a, int64_t row) {
+  return reinterpret_cast<const T*>(a.logits) + (row / a.inner_size) * a.stride_outer + (row % a.inner_size) * a.stride_inner;
+}
+
+template <bool PER_ROW_T>
+__device__ __forceinline__ float inv_temperature(const Args& a, int64_t pid) {
+  return div_full(1.0f, PER_ROW_T ? a.temperature_rows[pid] : a.temperature);
+}
+
+// The results of a row from its state: (logp, log_s, entropy before the row_ok select).
+template <typename T>
+__device__ __forceinline__ void row_results(const Args& a, const T* row_ptr, float inv_t, int64_t target, bool row_ok,
+                                            float m, float s, float t, float& logp, float& log_s, float& entropy) {
+  const bool in_range = target >= 0 && target < a.V;
+  const float x_t = to_f32(T(), reinterpret_cast<const typename Raw<T>::type*>(row_ptr)[in_range ? target : 0]);
+  log_s = __fmul_rn(log2_ftz(s), LN2);
+  logp = __fsub_rn(__fmaf_rn(x_t, inv_t, -m), log_s);
+  logp = in_range ? logp : RLK_NAN;
+  logp = target == a.ignore_index ? 0.0f : logp;
+  logp = row_ok ? logp : RLK_NAN;
+  float num, rcp;
+  div_full_parts(t, s, num, rcp);
+  entropy = __fmaf_rn(rcp, -num, log_s);  // log_s - t / s, the quotient's product contracted (SASS)
+}
+
+// One tile of E = VEC * CHUNKS registers per thread folded into (m, s, t): steps 1-4 above.
+template <int E, bool ENT>
+__device__ __forceinline__ void fold_tile(const float (&x)[E], float inv_t, float& m, float& s, float& t) {
+  float mx = fmaxf(__fmul_rn(inv_t, x[0]), __fmul_rn(inv_t, x[1]));
+#pragma unroll
+  for (int r = 2; r < E; ++r) mx = fmaxf(mx, __fmul_rn(inv_t, x[r]));
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, shfl(mx, d));
+  const float m_new = fmaxf(m, mx);
+  const float shift = m_new == -CUDART_INF_F ? 0.0f : m_new;
+  float d[E], e[E];
+#pragma unroll
+  for (int r = 0; r < E; ++r) {
+    d[r] = __fmaf_rn(inv_t, x[r], -shift);
+    e[r] = ex2_approx(__fmul_rn(d[r], LOG2E));
+  }
+  const float m_minus = __fsub_rn(m, shift);
+  const float alpha = ex2_approx(__fmul_rn(m_minus, LOG2E));
+  if constexpr (ENT) {
+    const float moved = s > 0.0f ? __fmul_rn(s, m_minus) : 0.0f;
+    const float base = __fadd_rn(t, moved);
+    float u = __fadd_rn(e[0] > 0.0f ? __fmul_rn(d[0], e[0]) : 0.0f, e[1] > 0.0f ? __fmul_rn(d[1], e[1]) : 0.0f);
+#pragma unroll
+    for (int r = 2; r < E; ++r) u = __fadd_rn(u, e[r] > 0.0f ? __fmul_rn(d[r], e[r]) : 0.0f);
+#pragma unroll
+    for (int k = 16; k >= 1; k >>= 1) u = __fadd_rn(u, shfl(u, k));
+    t = __fmaf_rn(base, alpha, u);
+  }
+  float se = __fadd_rn(e[0], e[1]);
+#pragma unroll
+  for (int r = 2; r < E; ++r) se = __fadd_rn(se, e[r]);
+#pragma unroll
+  for (int k = 16; k >= 1; k >>= 1) se = __fadd_rn(se, shfl(se, k));
+  s = __fmaf_rn(s, alpha, se);
+  m = m_new;
+}
+
+// Lanes of tile `start` (element offset in the row) into x; masked lanes (>= V) get -inf.
+template <typename T, int E, int VEC, bool MASKED>
+__device__ __forceinline__ void load_tile(const T* row_ptr, int64_t start, int64_t V, float (&x)[E]) {
+  using R = typename Raw<T>::type;
+  const R* p = reinterpret_cast<const R*>(row_ptr);
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int c = 0; c < E / VEC; ++c) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const int64_t lane = start + c * VEC * 32 + t * VEC + j;
+      x[c * VEC + j] = (!MASKED || lane < V) ? to_f32(T(), p[lane]) : -CUDART_INF_F;
+    }
+  }
+}
+
+template <typename T, int BLOCK_V, int VEC, bool ENT, bool ROW_INDEX, bool PER_ROW_T, bool FINISH>
+__global__ void __launch_bounds__(32) slp_chunk_kernel(Args a, int chunk_v) {
+  constexpr int E = BLOCK_V / 32;
+  const int64_t pid = blockIdx.x;
+  const int chunk = blockIdx.y;
+  bool row_ok;
+  const int64_t row = row_of<ROW_INDEX>(a, pid, row_ok);
+  const T* row_ptr = row_start<T>(a, row);
+  const float inv_t = inv_temperature<PER_ROW_T>(a, pid);
+  const int64_t start = (int64_t)chunk * chunk_v;
+  const int64_t width = a.V - start < chunk_v ? a.V - start : chunk_v;
+  const int64_t n_full = width / BLOCK_V;
+  float m = -CUDART_INF_F, s = 0.0f, t = 0.0f;
+  float x[E];
+  for (int64_t tile = 0; tile < n_full; ++tile) {
+    load_tile<T, E, VEC, false>(row_ptr, start + tile * BLOCK_V, a.V, x);
+    fold_tile<E, ENT>(x, inv_t, m, s, t);
+  }
+  if (n_full * BLOCK_V < width) {
+    load_tile<T, E, VEC, true>(row_ptr, start + n_full * BLOCK_V, a.V, x);
+    fold_tile<E, ENT>(x, inv_t, m, s, t);
+  }
+  if (threadIdx.x != 0) return;  // every lane holds the same state
+  if constexpr (FINISH) {
+    float logp, log_s, entropy;
+    row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
+    a.logp[pid] = logp;
+    a.row_max[pid] = m;
+    a.row_logsum[pid] = log_s;
+    if (ENT) a.entropy[pid] = row_ok ? entropy : RLK_NAN;
+  } else {
+    float* out = a.state + pid * a.n_chunks + chunk;
+    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
+    out[0] = m;
+    out[plane] = row_ok ? s : RLK_NAN;  // a missing row: NaN sum, so NaN results
+    if (ENT) out[2 * plane] = t;
+  }
+}
+
+// MERGE_ROWS rows per block, 4 warps; a row's CHUNKS lanes hold its chunk states (lane % CHUNKS =
+// chunk), 32 / CHUNKS rows per warp at a time.
+template <typename T, int CHUNKS, int MERGE_ROWS, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+__global__ void __launch_bounds__(128) slp_merge_kernel(Args a) {
+  constexpr int ROWS_PER_PASS = 4 * 32 / CHUNKS;
+  const int lane = threadIdx.x % CHUNKS;
+#pragma unroll  // (straight-line code: the emulator runs loops only with a uniform back edge)
+  for (int base = 0; base < MERGE_ROWS; base += ROWS_PER_PASS) {
+    const int64_t block_row = (int64_t)blockIdx.x * MERGE_ROWS + base + threadIdx.x / CHUNKS;
+    const bool ok = block_row < a.n_rows;
+    const int64_t pid = ok ? block_row : a.n_rows - 1;  // lanes past the end redo the last row, unstored
+    bool row_ok;
+    const int64_t row = row_of<ROW_INDEX>(a, pid, row_ok);
+    const T* row_ptr = row_start<T>(a, row);
+    const float inv_t = inv_temperature<PER_ROW_T>(a, pid);
+    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
+    const float* at = a.state + pid * a.n_chunks + lane;
+    const bool have = lane < a.n_chunks;
+    const float m_c = have ? at[0] : -CUDART_INF_F;
+    const float s_c = have ? at[plane] : 0.0f;
+    const float t_c = ENT && have ? at[2 * plane] : 0.0f;
+    float m = m_c;
+#pragma unroll
+    for (int d = CHUNKS / 2; d >= 1; d >>= 1) m = fmaxf(m, shfl(m, d));
+    const float shift = m == -CUDART_INF_F ? 0.0f : m;
+    const float d_c = __fsub_rn(m_c, shift);
+    const float beta = ex2_approx(__fmul_rn(d_c, LOG2E));
+    // the first butterfly add contracted with the lane's own product (Triton's PTX)
+    float s = __fmaf_rn(beta, s_c, shfl(__fmul_rn(beta, s_c), CHUNKS / 2));
+#pragma unroll
+    for (int d = CHUNKS / 4; d >= 1; d >>= 1) s = __fadd_rn(s, shfl(s, d));
+    float t = 0.0f;
+    if constexpr (ENT) {
+      const float w = __fadd_rn(s_c > 0.0f ? __fmul_rn(d_c, s_c) : 0.0f, t_c);
+      t = __fmaf_rn(w, beta, shfl(__fmul_rn(w, beta), CHUNKS / 2));
+#pragma unroll
+      for (int d = CHUNKS / 4; d >= 1; d >>= 1) t = __fadd_rn(t, shfl(t, d));
+    }
+    // The first butterfly step is asymmetric (lane i has fma(own, shfl(i ^ CHUNKS / 2)'s product)), so
+    // a row's lanes hold two candidate sums. Triton's kernel writes every lane's copy to one shared
+    // address and stores what remains: the highest lane's on the GPU as the emulator models it (the
+    // last write wins), so the row's last lane stores here. The GPU gate checks this assumption.
+    if (lane == CHUNKS - 1 && ok) {
+      float logp, log_s, entropy;
+      row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
+      a.logp[block_row] = logp;
+      a.row_max[block_row] = m;
+      a.row_logsum[block_row] = log_s;
+      if (ENT) a.entropy[block_row] = entropy;
+    }
+  }
+}
+
+constexpr int MERGE_ROWS = 32;  // rlk_triton/ops/selected_logp.py MERGE_ROWS (rows never mix: speed only)
+
+template <typename T, int BLOCK_V, int VEC, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+int launch(const Args& a, int chunk_v, cudaStream_t stream) {
+  if (a.n_chunks > 32) return 1;  // the merge layouts: 2 .. 32 lanes per row (next_pow2 of the chunks)
+  const dim3 grid((unsigned)a.n_rows, (unsigned)a.n_chunks);
+  if (a.n_chunks == 1) {
+    slp_chunk_kernel<T, BLOCK_V, VEC, ENT, ROW_INDEX, PER_ROW_T, true><<<grid, 32, 0, stream>>>(a, chunk_v);
+  } else {
+    slp_chunk_kernel<T, BLOCK_V, VEC, ENT, ROW_INDEX, PER_ROW_T, false><<<grid, 32, 0, stream>>>(a, chunk_v);
+    const unsigned blocks = (unsigned)((a.n_rows + MERGE_ROWS - 1) / MERGE_ROWS);
+#define RLK_MERGE(C) slp_merge_kernel<T, C, MERGE_ROWS, ENT, ROW_INDEX, PER_ROW_T><<<blocks, 128, 0, stream>>>(a)
+    if (a.n_chunks <= 2) RLK_MERGE(2);
+    else if (a.n_chunks <= 4) RLK_MERGE(4);
+    else if (a.n_chunks <= 8) RLK_MERGE(8);
+    else if (a.n_chunks <= 16) RLK_MERGE(16);
+    else RLK_MERGE(32);
+#undef RLK_MERGE
+  }
+  return cudaGetLastError() == cudaSuccess ? 0 : 2;
+}
+
+template <typename T, int BLOCK_V, int VEC>
+int launch_flags(const Args& a, int chunk_v, bool ent, cudaStream_t stream) {
+  const bool ri = a.row_index != nullptr, prt = a.temperature_rows != nullptr;
+#define RLK_FLAGS(E, R, P) \
+  if (ent == E && ri == R && prt == P) return launch<T, BLOCK_V, VEC, E, R, P>(a, chunk_v, stream);
+  RLK_FLAGS(false, false, false) RLK_FLAGS(false, false, true) RLK_FLAGS(false, true, false) RLK_FLAGS(false, true, true)
+  RLK_FLAGS(true, false, false) RLK_FLAGS(true, false, true) RLK_FLAGS(true, true, false) RLK_FLAGS(true, true, true)
+#undef RLK_FLAGS
+  return 1;
+}
+
+}  // namespace
+
+// dtype: 0 float32, 1 float16, 2 bfloat16. block_v / chunk_v: the locked tile and chunk widths; vec:
+// the Triton layout's lanes per vector. target / row_index: int32 (index_32 bit 0 / bit 1) or int64;
+// row_index and temperature_rows null when absent; entropy null without entropy; state [2 or 3,
+// n_rows, n_chunks] fp32 (unused with one chunk). Returns 0 on success, 1 for a configuration this
+// file has no kernel for (the caller refuses the call), 2 for a CUDA launch error.
+extern "C" int rlk_selected_logp_fwd(int dtype, const void* logits, int64_t stride_outer, int64_t stride_inner,
+                                     int64_t inner_size, const void* target, const void* row_index, int index_32,
+                                     const float* temperature_rows, float temperature, float* logp, float* entropy,
+                                     float* row_max, float* row_logsum, float* state, int64_t V,
+                                     int64_t ignore_index, int n_rows, int n_chunks, int64_t total_rows,
+                                     int block_v, int chunk_v, int vec, void* stream_ptr) {
+  const Args a{logits, stride_outer, stride_inner, inner_size, target, row_index, temperature_rows, temperature,
+               logp, entropy, row_max, row_logsum, state, V, ignore_index, n_rows, n_chunks, total_rows,
+               index_32 & 1, (index_32 >> 1) & 1};
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_ptr);
+  if (n_rows == 0) return 0;
+  const bool ent = entropy != nullptr;
+  // the locked (dtype, BLOCK_V) pairs of sm90, one warp each (configs "selected_logp_fwd")
+  if (dtype == 2 && block_v == 2048 && vec == 8) return launch_flags<__nv_bfloat16, 2048, 8>(a, chunk_v, ent, stream);
+  if (dtype == 2 && block_v == 1024 && vec == 8) return launch_flags<__nv_bfloat16, 1024, 8>(a, chunk_v, ent, stream);
+  if (dtype == 1 && block_v == 2048 && vec == 8) return launch_flags<__half, 2048, 8>(a, chunk_v, ent, stream);
+  if (dtype == 1 && block_v == 1024 && vec == 8) return launch_flags<__half, 1024, 8>(a, chunk_v, ent, stream);
+  if (dtype == 0 && block_v == 1024 && vec == 4) return launch_flags<float, 1024, 4>(a, chunk_v, ent, stream);
+  // rows whose starts are not known 16-byte aligned: Triton's layout has one lane per vector
+  if (dtype == 2 && block_v == 2048 && vec == 1) return launch_flags<__nv_bfloat16, 2048, 1>(a, chunk_v, ent, stream);
+  if (dtype == 2 && block_v == 1024 && vec == 1) return launch_flags<__nv_bfloat16, 1024, 1>(a, chunk_v, ent, stream);
+  if (dtype == 1 && block_v == 2048 && vec == 1) return launch_flags<__half, 2048, 1>(a, chunk_v, ent, stream);
+  if (dtype == 1 && block_v == 1024 && vec == 1) return launch_flags<__half, 1024, 1>(a, chunk_v, ent, stream);
+  if (dtype == 0 && block_v == 1024 && vec == 1) return launch_flags<float, 1024, 1>(a, chunk_v, ent, stream);
+  return 1;
+}
