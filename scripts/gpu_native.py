@@ -1,6 +1,7 @@
-"""native/ on the GPU: the gate (`rlk_triton.native.admit`, which writes the admission record), then the
-native kernel against the Triton kernel, same run: rows {op, shape, backend, wall_ms, device_ms,
-bitwise} for the raw launches and, when admitted, the public call (rms_norm(backend=...)).
+"""native/ on the GPU: the gates (`rlk_triton.native.admit` for every op, which writes the admission
+records), then the native kernels against the Triton kernels, same run: rows {op, shape, backend,
+wall_ms, device_ms, bitwise} for the raw launches and, when admitted, the public calls
+(rms_norm(backend=...), selected_logp(backend=...)).
 
     python scripts/gpu_native.py --out native.json --commit <sha> [--variants]
 
@@ -41,15 +42,20 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--variants", action="store_true")
     args = ap.parse_args()
-    t0 = time.time()
-    gate = native.admit("rmsnorm")
-    gate["seconds"] = time.time() - t0
-    record = json.loads(native.record_path("rmsnorm").read_text()) if gate["admitted"] else None
-    print({k: v for k, v in gate.items() if k != "mismatches"}, gate["mismatches"][:20], flush=True)
+    gates, records = {}, {}
+    for op in sorted(native.OPS):
+        t0 = time.time()
+        gates[op] = native.admit(op)
+        gates[op]["seconds"] = time.time() - t0
+        records[op] = json.loads(native.record_path(op).read_text()) if gates[op]["admitted"] else None
+        print(op, {k: v for k, v in gates[op].items() if k != "mismatches"}, gates[op]["mismatches"][:20], flush=True)
+    gate = gates["rmsnorm"]
     rows = []
-    report = {"what": "native/ rms_norm forward (with and without the residual): the gate, then native against Triton, same run",
+    report = {"what": "native/ rms_norm forward (with and without the residual) and selected_logp forward: the "
+                      "gates, then native against Triton, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "gate": gate, "record": record, "rows": rows}
+              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "gates": gates, "records": records,
+              "rows": rows}
     nop = native.native_op("rmsnorm")
     ext = native.load("rmsnorm")
     variants = {}
@@ -93,6 +99,46 @@ def main():
             print(rows[-1], flush=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
+    selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def selected_logp_rows(rows, admitted, g):
+    """Decode-sized selected_logp (1 / 8 / 64 rows of a 151936 vocab, bf16, with and without entropy)
+    and a training-sized one: the Triton and native launches, the bare binding, the public calls."""
+    from rlk_triton.logp import selected_logp
+
+    nop = native.native_op("selected_logp")
+    ext = native.load("selected_logp")
+    stream = launch.stream_handle
+    for N, entropy in ((1, False), (1, True), (8, True), (64, True), (4096, True)):
+        logits = (torch.randn(N, 151936, device="cuda", generator=g) * 4).to(torch.bfloat16)
+        t = torch.randint(0, 151936, (N,), device="cuda", generator=g)
+        args = (logits, t, None, 1.0, None, -100, entropy)
+        want = nop.triton(*args)
+        block_v, chunk_v, vec = native._slp_config(logits)
+        calls = {"triton launch": lambda: nop.triton(*args),
+                 "native launch": lambda: nop.native(ext, *args),
+                 "bare extension call": lambda: ext.selected_logp_fwd(logits, t, None, None, 1.0, -100, entropy, block_v,
+                                                                      chunk_v, vec, stream(logits.device.index)),
+                 "selected_logp(backend='triton')": lambda: selected_logp(logits, t, return_entropy=entropy,
+                                                                          validate=False)}
+        if admitted:
+            calls["selected_logp(backend='cuda_native')"] = lambda: selected_logp(
+                logits, t, return_entropy=entropy, validate=False, backend="cuda_native")
+        device = {name: [] for name in calls}
+        for _ in range(3):
+            for name, fn in calls.items():
+                device[name].append(bench.graph_ms(fn))
+        for name, fn in calls.items():
+            got = fn()
+            got = got if isinstance(got, (tuple, list)) else (got,)
+            same = all(native.same_bits(a, b) for a, b in zip(got, want[:len(got)]) if a.numel())
+            rows.append({"op": "selected_logp fwd" + (" + entropy" if entropy else ""), "shape": f"{N} x 151936 bf16",
+                         "backend": name, "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
+                         "device_ms_each": device[name], "bitwise": same})
+            print(rows[-1], flush=True)
 
 
 if __name__ == "__main__":
