@@ -438,8 +438,9 @@ class CTA:
                 r = (sx >> vs[1].astype(np.int64)).astype(np.uint64)
             elif base in ("min", "max", "rem", "div") and t[0] == "s":
                 sx = [(v & m).astype(np.int64) if w == 64 else (v & m).astype(np.uint32).view(np.int32).astype(np.int64) for v in vs]
-                r = {"min": lambda: np.minimum(*sx), "max": lambda: np.maximum(*sx),
-                     "rem": lambda: np.fmod(sx[0], sx[1]), "div": lambda: (np.trunc(sx[0] / sx[1])).astype(np.int64)}[base]().astype(np.uint64)
+                with np.errstate(all="ignore"):  # inactive lanes may divide by zero: their results are dropped
+                    r = {"min": lambda: np.minimum(*sx), "max": lambda: np.maximum(*sx), "rem": lambda: np.fmod(sx[0], sx[1]),
+                         "div": lambda: (np.trunc(sx[0] / sx[1])).astype(np.int64)}[base]().astype(np.uint64)
             else:
                 with np.errstate(all="ignore"):
                     r = {"add": lambda: vs[0] + vs[1], "sub": lambda: vs[0] - vs[1],

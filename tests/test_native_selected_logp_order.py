@@ -1,0 +1,246 @@
+"""native/selected_logp_kernels.cu computes in the documented order, checked without a GPU: nvcc's sm_90a
+PTX of the file runs in scripts/ptx_emulator.py and every logp, entropy, row max and row log-sum bit is
+compared with a NumPy float32 model of the order docs/native.md states (Triton 3.6's, as its PTX and
+SASS show; scripts/native_ptx_compare.py checks the file against that PTX where Triton 3.6 is
+installed). A change to the file's arithmetic order fails here, in CI. The approximate instructions
+(ex2.approx, rcp.approx) are the emulator's models on both sides: this checks the order, the GPU gate
+the hardware's bits."""
+import math
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlk_triton import native
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc") or next((str(p) for p in Path("/usr/local").glob("cuda*/bin/nvcc")), None)
+F = np.float32
+LOG2E, LN2 = F(1.4426950408889634), F(0.6931471805599453)
+TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
+
+
+def _emulator():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ptx_emulator
+
+    return ptx_emulator
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("no nvcc on this machine")
+    out = tmp_path_factory.mktemp("ptx") / "slp.ptx"
+    flags = [f for f in native.BUILD_FLAGS if not f.startswith("-gencode")]
+    subprocess.run([NVCC, *flags, "-arch=sm_90a", "-ptx", str(ROOT / "native" / "selected_logp_kernels.cu"), "-o",
+                    str(out)], check=True, capture_output=True, timeout=900)
+    return out.read_text()
+
+
+def _entry(module: str, key: str) -> str:
+    names = [n for n in re.findall(r"\.entry (\w+)\(", module) if key in n]
+    assert len(names) == 1, (key, names)
+    i = module.index(".entry " + names[0])
+    return ".visible " + module[i:module.index("\n}\n", i) + 3]
+
+
+# ---- the model ----
+
+def _ex2(x):
+    emu = _emulator()
+    with np.errstate(all="ignore"):
+        return emu.flush(np.exp2(emu.flush(F(x)).astype(np.float64)).astype(F))
+
+
+def _fma(a, b, c):
+    return _emulator().fma32(np.asarray(a, F), np.asarray(b, F), np.asarray(c, F))
+
+
+def _fma_ftz(a, b, c):
+    emu = _emulator()
+    return emu.flush(emu.fma32(emu.flush(np.asarray(a, F)), emu.flush(np.asarray(b, F)), emu.flush(np.asarray(c, F))))
+
+
+def _log2(a):
+    """libdevice's log2f with flush to zero, step for step (native/selected_logp_kernels.cu log2_ftz)."""
+    a = F(a)
+    tiny = a < F(1.17549435e-38)
+    x = F(a * F(8388608.0)) if tiny else a
+    xi = int(np.array(x, F).view(np.int32))
+    k = ((xi - 0x3F3504F3) & 0xFF800000)
+    k = k - (1 << 32) if k >= 1 << 31 else k
+    ek = _fma_ftz(F(k), F(1.1920928955078125e-7), F(-23.0) if tiny else F(0))
+    f = F(np.array(xi - k, np.int64).astype(np.int32).view(F) + F(-1.0))
+    c = [np.array(v, np.uint32).view(F) for v in (0x3DC6B27F, 0xBE2C7F30, 0x3E2FCF2A, 0xBE374E43, 0x3E520BF4,
+                                                  0xBE763C8B, 0x3E93BF99, 0xBEB8AA49, 0x3EF6384A, 0xBF38AA3B)]
+    p = _fma_ftz(c[0], f, c[1])
+    for coef in c[2:]:
+        p = _fma_ftz(p, f, coef)
+    r = F(ek + _fma_ftz(f, np.array(0x3FB8AA3B, np.uint32).view(F), F(f * F(f * p))))
+    if not (xi & 0xFFFFFFFF) < 0x7F800000:
+        r = _fma_ftz(x, F(np.inf), F(np.inf))
+    return F(-np.inf) if x == 0 else F(r)
+
+
+def _div_parts(a, b):
+    """div.full's expansion: (a', rcp(b')) with both scaled for |b| out of [2^-126, 2^126]."""
+    a, b = F(a), F(b)
+    if abs(b) > F(2.0 ** 126):
+        a, b = F(a * F(0.25)), F(b * F(0.25))
+    if abs(b) < F(2.0 ** -126):
+        a, b = F(a * F(2.0 ** 24)), F(b * F(2.0 ** 24))
+    emu = _emulator()
+    with np.errstate(all="ignore"):
+        return a, emu.flush((np.float64(1) / np.float64(emu.flush(b))).astype(F))
+
+
+def _butterfly(v, op, start):
+    """Lane values combined at distances start, start / 2, .., 1 (every lane ends with a result)."""
+    lanes = np.arange(v.size)
+    d = start
+    while d >= 1:
+        v = op(v, v[lanes ^ d]).astype(F)
+        d //= 2
+    return v
+
+
+def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
+    """(logp, entropy, row max, log-sum) of one row x (raw fp32 logits) in the documented order."""
+    E = block_v // 32
+    idx = np.array([[(r // vec) * vec * 32 + t * vec + r % vec for r in range(E)] for t in range(32)])
+    n_chunks = max(-(-V // chunk_v), 1)
+    states = []
+    for c in range(n_chunks):
+        m, s, t = F(-np.inf), F(0), F(0)
+        start, width = c * chunk_v, min(V - c * chunk_v, chunk_v)
+        for tile in range(-(-width // block_v)):
+            lane = start + tile * block_v + idx  # [threads, registers]
+            xr = np.where(lane < V, x[np.minimum(lane, V - 1)], F(-np.inf)).astype(F)
+            xs = (inv_t * xr).astype(F)
+            mx = xs[:, 0]
+            for r in range(1, E):
+                mx = np.fmax(mx, xs[:, r])
+            m_new = np.fmax(m, _butterfly(mx, np.fmax, 16)[0])
+            shift = F(0) if m_new == -np.inf else m_new
+            d = _fma(inv_t, xr, -shift)
+            e = _ex2((d * LOG2E).astype(F))
+            m_minus = F(m - shift)
+            alpha = _ex2(F(m_minus * LOG2E))
+            if entropy:
+                moved = F(s * m_minus) if s > 0 else F(0)
+                with np.errstate(invalid="ignore"):
+                    terms = np.where(e > 0, (d * e).astype(F), F(0)).astype(F)
+                u = F(terms[:, 0] + terms[:, 1])
+                for r in range(2, E):
+                    u = (u + terms[:, r]).astype(F)
+                t = _fma(F(t + moved), alpha, _butterfly(u, np.add, 16)[0])
+            se = (e[:, 0] + e[:, 1]).astype(F)
+            for r in range(2, E):
+                se = (se + e[:, r]).astype(F)
+            s = _fma(s, alpha, _butterfly(se, np.add, 16)[0])
+            m = m_new
+        states.append((F(m), F(s), F(t)))
+    if n_chunks == 1:
+        m, s, t = states[0]
+    else:  # the merge: lane % C = chunk, the first butterfly step contracted, the last lane's sums
+        C = 1 << (n_chunks - 1).bit_length()
+        pad = [(F(-np.inf), F(0), F(0))] * (C - n_chunks)
+        m_c, s_c, t_c = (np.array(v, F) for v in zip(*(states + pad)))
+        m = _butterfly(m_c, np.fmax, C // 2)[-1]
+        shift = F(0) if m == -np.inf else m
+        d_c = (m_c - shift).astype(F)
+        beta = _ex2((d_c * LOG2E).astype(F))
+        lanes = np.arange(C)
+
+        def lane_sum(a, b):
+            v = _fma(a, b, (a * b).astype(F)[lanes ^ (C // 2)])
+            return _butterfly(v, np.add, C // 4)[-1] if C > 2 else v[-1]
+
+        s = lane_sum(beta, s_c)
+        w = (np.where(s_c > 0, (d_c * s_c).astype(F), F(0)) + t_c).astype(F)
+        t = lane_sum(w, beta) if entropy else F(0)
+    log_s = F(_log2(s) * LN2)
+    in_range = 0 <= target < V
+    logp = F(_fma(x[target if in_range else 0], inv_t, -m) - log_s)
+    logp = logp if in_range else F(np.nan)
+    logp = F(0) if target == -100 else logp
+    num, rcp = _div_parts(t, s)
+    return logp, _fma(rcp, -num, log_s), F(m), log_s
+
+
+# ---- the emulated native kernels ----
+
+def emulate(module, logits, target, inv_t_source, entropy):
+    """(logp, entropy, row_max, row_logsum) of the native kernels on [n, V] logits, emulated."""
+    emu = _emulator()
+    n, V = logits.shape
+    block_v, chunk_v, vec = native._slp_config(logits, arch="sm90")
+    n_chunks = max(-(-V // chunk_v), 1)
+    mem = np.zeros(logits.numel() * 4 + n * 64 + 12 * n * n_chunks + (1 << 16), np.uint8)
+    top = [4096]
+
+    def put(t):
+        at = top[0]
+        b = t.contiguous().view(-1).view(torch.uint8).numpy()
+        mem[at:at + b.size] = b
+        top[0] = (at + b.size + 255) // 256 * 256 + 256
+        return at
+
+    la, ta = put(logits), put(target)
+    outs = [put(torch.zeros(n)) for _ in range(4)]
+    st = put(torch.zeros(3 * n * n_chunks))
+    args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, logits.stride(0), 0, 1, ta, 0, 0, inv_t_source, outs[0],
+                       outs[1] if entropy else 0, outs[2], outs[3], st, V, -100, n, n_chunks, n, 0, 0)
+    tail = f"Lb{int(entropy)}ELb0ELb0E"
+    chunk = _entry(module, f"slp_chunk_kernelI{TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
+    for r in range(n):
+        for c in range(n_chunks):
+            emu.run_cta(chunk, 32, [args, chunk_v], mem, (r, c))
+    if n_chunks > 1:
+        merge = _entry(module, f"slp_merge_kernelI{TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
+        for b in range(-(-n // 32)):
+            emu.run_cta(merge, 128, [args], mem, b)
+    return [mem[a:a + 4 * n].view(F).copy() for a in outs], (block_v, chunk_v, vec)
+
+
+# (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4 and 19
+# chunks (merges of 2, 4 and 32 lanes)
+CASES = [
+    (torch.bfloat16, 1000, 3, True), (torch.float32, 1001, 3, True), (torch.float16, 16000, 3, True),
+    (torch.bfloat16, 32000, 3, False), (torch.bfloat16, 151936, 2, True),
+]
+
+
+@pytest.mark.parametrize("dtype,V,n,entropy", CASES)
+def test_native_selected_logp_ptx_computes_in_the_documented_order(ptx, dtype, V, n, entropy):
+    g = torch.Generator().manual_seed(V)
+    logits = (torch.randn(n, V, generator=g) * 4).to(dtype)
+    target = torch.randint(0, V, (n,), generator=g)
+    target[0] = -100 if n > 2 else target[0]
+    temperature = 0.7
+    (logp, ent, row_max, log_s), (block_v, chunk_v, vec) = emulate(ptx, logits, target, temperature, entropy)
+    x = logits.float().numpy().astype(F)
+    inv_t = F(_div_parts(F(1), F(temperature))[0] * _div_parts(F(1), F(temperature))[1])  # div.full(1, T)
+    for r in range(n):
+        want = model_row(x[r], V, inv_t, int(target[r]), block_v, chunk_v, vec, entropy)
+        got = (logp[r], ent[r] if entropy else want[1], row_max[r], log_s[r])
+        assert [np.array(v, F).view(np.uint32) for v in got] == [np.array(v, F).view(np.uint32) for v in want], \
+            (r, got, want)
+
+
+def test_the_model_is_not_order_blind():
+    """Another layout (VEC 1 instead of 8) gives other bits on some row: the comparison above can fail."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(6, 4000, generator=g) * 4).to(torch.bfloat16).float().numpy().astype(F)
+    a = [model_row(row, 4000, F(1), 3, 2048, 16384, 8, True) for row in x]
+    b = [model_row(row, 4000, F(1), 3, 2048, 16384, 1, True) for row in x]
+    assert any(np.array(u, F).view(np.uint32).tolist() != np.array(v, F).view(np.uint32).tolist()
+               for u, v in zip(a, b))
+    assert math.isfinite(a[0][0])
