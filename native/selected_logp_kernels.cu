@@ -1,4 +1,5 @@
-// selected_logp forward, written to give the Triton kernels' bits: rlk_triton/ops/selected_logp.py
+// selected_logp forward and backward, written to give the Triton kernels' bits (the backward is below,
+// with its own note): rlk_triton/ops/selected_logp.py
 // _fwd_kernel (a program per (scored row, vocab chunk): the chunk's tiles folded into a softmax state;
 // FINISH: a row of one chunk writes its results) and _fwd_merge_kernel (each row's chunk states merged
 // in one step, then the results), with the locked configs' BLOCK_V, CHUNK_V and warps
@@ -336,7 +337,103 @@ int launch_flags(const Args& a, int chunk_v, bool ent, cudaStream_t stream) {
   return 1;
 }
 
+// ---- backward: d logits, elementwise (no reduction, so no layout in the bits) ----
+// Per element, Triton's _bwd_kernel as its PTX computes it (no contraction left to ptxas, checked):
+//   log_p = fma(inv_t, x, -row_max) - row_logsum; p = ex2.approx.ftz(log_p * log2 e);
+//   g = target == ignore_index ? 0 : grad_logp; dx = fma(-p, g, lane == target ? g : 0);
+//   with the entropy's gradient h: dx = fma(-(p > 0 ? p * (log_p + entropy) : 0), h, dx);
+//   dx = inv_t * dx, rounded once to the logits' dtype.
+// A scored row that is not a row of the logits (bad row index) writes nothing.
+struct BwdArgs {
+  const void* logits; int64_t stride; const void* target; const void* row_index; const float* temperature_rows;
+  float temperature; const float *row_max, *row_logsum, *entropy, *grad_logp, *grad_entropy;
+  void* grad; int64_t V, ignore_index, total_rows; int target_32, row_index_32;
+};
+
+__device__ __forceinline__ unsigned short round_to(__half, float v) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ unsigned short round_to(__nv_bfloat16, float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+__device__ __forceinline__ unsigned round_to(float, float v) { return __float_as_uint(v); }
+
+// grid (scored rows, V / (VEC * 256) blocks), 256 threads of VEC consecutive elements each.
+template <typename T, int VEC, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+__global__ void __launch_bounds__(256) slp_bwd_kernel(BwdArgs a) {
+  using R = typename Raw<T>::type;
+  const int64_t pid = blockIdx.x;
+  const int64_t row = ROW_INDEX ? index_at(a.row_index, a.row_index_32, pid) : pid;
+  if (row < 0 || row >= a.total_rows) return;  // not a row: no gradient anywhere
+  const float inv_t = div_full(1.0f, PER_ROW_T ? a.temperature_rows[pid] : a.temperature);
+  const float neg_max = -a.row_max[pid], logsum = a.row_logsum[pid];
+  const int64_t target = index_at(a.target, a.target_32, pid);
+  const float g = target == a.ignore_index ? 0.0f : a.grad_logp[pid];
+  const float h = ENT ? a.grad_entropy[pid] : 0.0f, ent = ENT ? a.entropy[pid] : 0.0f;
+  const int64_t lane0 = ((int64_t)blockIdx.y * 256 + threadIdx.x) * VEC;
+  if (lane0 >= a.V) return;
+  const R* x = reinterpret_cast<const R*>(a.logits) + row * a.stride;
+  R* out = reinterpret_cast<R*>(a.grad) + row * a.V;
+  constexpr bool WIDE = VEC * sizeof(R) == 16;  // one 16-byte access per thread where whole
+  union Vec { uint4 v; R e[VEC]; } xin, dout;
+  const bool whole = lane0 + VEC <= a.V;
+  if (WIDE && whole) xin.v = __ldcs(reinterpret_cast<const uint4*>(x + lane0));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t lane = lane0 + j;
+    if (!(WIDE && whole)) xin.e[j] = lane < a.V ? x[lane] : R(0);
+    const float log_p = __fsub_rn(__fmaf_rn(inv_t, to_f32(T(), xin.e[j]), neg_max), logsum);
+    const float p = ex2_approx(__fmul_rn(log_p, LOG2E));
+    float dx = __fmaf_rn(-p, g, lane == target ? g : 0.0f);
+    if constexpr (ENT) dx = __fmaf_rn(-(p > 0.0f ? __fmul_rn(p, __fadd_rn(log_p, ent)) : 0.0f), h, dx);
+    dout.e[j] = (R)round_to(T(), __fmul_rn(inv_t, dx));
+  }
+  if (WIDE && whole) {
+    __stcs(reinterpret_cast<uint4*>(out + lane0), dout.v);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j)
+    if (lane0 + j < a.V) out[lane0 + j] = dout.e[j];
+}
+
+template <typename T, int VEC>
+int launch_bwd(const BwdArgs& a, int n_rows, bool ent, cudaStream_t stream) {
+  const dim3 grid((unsigned)n_rows, (unsigned)((a.V + VEC * 256 - 1) / (VEC * 256)));
+  const bool ri = a.row_index != nullptr, prt = a.temperature_rows != nullptr;
+#define RLK_BWD(E, R, P) \
+  if (ent == E && ri == R && prt == P) slp_bwd_kernel<T, VEC, E, R, P><<<grid, 256, 0, stream>>>(a);
+  RLK_BWD(false, false, false) RLK_BWD(false, false, true) RLK_BWD(false, true, false) RLK_BWD(false, true, true)
+  RLK_BWD(true, false, false) RLK_BWD(true, false, true) RLK_BWD(true, true, false) RLK_BWD(true, true, true)
+#undef RLK_BWD
+  return cudaGetLastError() == cudaSuccess ? 0 : 2;
+}
+
 }  // namespace
+
+// The backward: grad [total_rows, V] in the logits' dtype, contiguous (rows not scored are the caller's:
+// zeros when row_index is given). vec: 16 bytes' worth when the logits' row stride and V keep every
+// vector aligned (the caller decides), else 1; speed only, never bits. grad_entropy / entropy null
+// without the entropy's gradient. Returns 0, 1 (no kernel) or 2 (launch error).
+extern "C" int rlk_selected_logp_bwd(int dtype, const void* logits, int64_t stride, const void* target,
+                                     const void* row_index, int index_32, const float* temperature_rows,
+                                     float temperature, const float* row_max, const float* row_logsum,
+                                     const float* entropy, const float* grad_logp, const float* grad_entropy,
+                                     void* grad, int64_t V, int64_t ignore_index, int n_rows, int64_t total_rows,
+                                     int vec, void* stream_ptr) {
+  const BwdArgs a{logits, stride, target, row_index, temperature_rows, temperature, row_max, row_logsum, entropy,
+                  grad_logp, grad_entropy, grad, V, ignore_index, total_rows, index_32 & 1, (index_32 >> 1) & 1};
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_ptr);
+  if (n_rows == 0 || V == 0) return 0;
+  const bool ent = grad_entropy != nullptr;
+  switch (dtype * 100 + vec) {
+    case 208: return launch_bwd<__nv_bfloat16, 8>(a, n_rows, ent, stream);
+    case 201: return launch_bwd<__nv_bfloat16, 1>(a, n_rows, ent, stream);
+    case 108: return launch_bwd<__half, 8>(a, n_rows, ent, stream);
+    case 101: return launch_bwd<__half, 1>(a, n_rows, ent, stream);
+    case 4: return launch_bwd<float, 4>(a, n_rows, ent, stream);
+    case 1: return launch_bwd<float, 1>(a, n_rows, ent, stream);
+    default: return 1;
+  }
+}
 
 // dtype: 0 float32, 1 float16, 2 bfloat16. block_v / chunk_v: the locked tile and chunk widths; vec:
 // the Triton layout's lanes per vector. target / row_index: int32 (index_32 bit 0 / bit 1) or int64;

@@ -64,7 +64,7 @@ def selected_logp(
             same contract), or "cuda_native": the native forward (docs/native.md), only where
             `rlk-triton native admit --op selected_logp` recorded it bitwise equal to the Triton
             kernels under this process's fingerprint (BackendError saying why otherwise); logits
-            [N, V] or [V], eager only; its backward is the Triton kernel's.
+            [N, V] or [V], eager only; forward and backward.
             rlk_triton.policy.resolve chooses one for a framework.
 
     Returns:

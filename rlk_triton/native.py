@@ -160,15 +160,42 @@ def _slp_layout(arch: str, dtype: torch.dtype, V: int, stride_16: bool):
     return cfg.block_v, split.block_v, min(16 // dtype.itemsize, cfg.block_v // 32) if stride_16 else 1
 
 
+def _slp_bwd_vec(logits) -> int:
+    """The native backward's elements per thread access: 16 bytes' worth where every row start of the
+    logits and of d logits ([rows, V], contiguous) stays 16-byte aligned, else 1. Speed only: the
+    backward is elementwise, its bits do not depend on it."""
+    full = 16 // logits.element_size()
+    V = logits.shape[-1]
+    return full if logits.stride(0) % full == 0 and V % full == 0 and logits.data_ptr() % 16 == 0 else 1
+
+
+def _slp_upstream(n, with_entropy, device):
+    """The gate's upstream gradients: fixed, signed, different per row (entropy's only with entropy)."""
+    g = torch.linspace(-1.5, 1.25, n, device=device)
+    return g, (torch.linspace(0.75, -0.5, n, device=device) if with_entropy else None)
+
+
 def _slp_triton(logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
-    """(logp, entropy, row_max, row_logsum) of the Triton forward launch."""
+    """(logp, entropy, row_max, row_logsum) of the Triton forward launch, then d logits of its backward
+    launch for the gate's upstream gradients."""
     from .ops import selected_logp
 
-    return tuple(selected_logp.launch_forward(logits, target, row_index, temperature, temperature_rows,
-                                              ignore_index, with_entropy))
+    out = tuple(selected_logp.launch_forward(logits, target, row_index, temperature, temperature_rows, ignore_index,
+                                             with_entropy))
+    g, h = _slp_upstream(target.numel(), with_entropy, logits.device)
+    return out + (selected_logp.launch_backward(g, h, logits, target, row_index, temperature, temperature_rows,
+                                                ignore_index, out[2], out[3], out[1]),)
 
 
 def _slp_native(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+    """_slp_triton's outputs from the native kernels."""
+    out = _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy)
+    g, h = _slp_upstream(target.numel(), with_entropy, logits.device)
+    return out + (_slp_backward(ext, g, h, logits, target, row_index, temperature, temperature_rows, ignore_index,
+                                out[2], out[3], out[1]),)
+
+
+def _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
     from .ops.launch import stream_handle
 
     block_v, chunk_v, vec = _slp_config(logits)
@@ -176,8 +203,18 @@ def _slp_native(ext, logits, target, row_index, temperature, temperature_rows, i
                                        with_entropy, block_v, chunk_v, vec, stream_handle(logits.device.index)))
 
 
+def _slp_backward(ext, grad_logp, grad_entropy, logits, target, row_index, temperature, temperature_rows,
+                  ignore_index, row_max, row_logsum, entropy):
+    from .ops.launch import stream_handle
+
+    return ext.selected_logp_bwd(grad_logp, grad_entropy, logits, target, row_index, temperature_rows, temperature,
+                                 ignore_index, row_max, row_logsum, entropy, _slp_bwd_vec(logits),
+                                 stream_handle(logits.device.index))
+
+
 def _slp_cases(device) -> list:
-    """Every V bucket and chunk count the native kernels have (1 to 32 chunks, FINISH and merged),
+    """Forward and backward (d logits for fixed upstream gradients, _slp_upstream), compared output by
+    output. Every V bucket and chunk count the native kernels have (1 to 32 chunks, FINISH and merged),
     every dtype, 1 / 7 / 64 rows (the same rows in several batch sizes), entropy on and off; targets
     ignored and out of range, huge, -inf and all -inf rows, per-row and scalar temperatures, int32
     ids, row indices with a bad one (validate=False), and row strides that are and are not multiples
@@ -389,8 +426,15 @@ def selected_logp_fwd(logits, target, row_index, temperature: float, temperature
                       with_entropy: bool):
     """(logp, entropy, row_max, row_logsum) of the admitted native selected_logp forward, for [rows, V]
     logits (rlk_triton.logp calls it for backend="cuda_native" after checking the admission)."""
-    return _slp_native(load("selected_logp"), logits, target, row_index, temperature, temperature_rows,
-                       ignore_index, with_entropy)
+    return _slp_forward(load("selected_logp"), logits, target, row_index, temperature, temperature_rows,
+                        ignore_index, with_entropy)
+
+
+def selected_logp_bwd(grad_logp, grad_entropy, logits, target, row_index, temperature: float, temperature_rows,
+                      ignore_index: int, row_max, row_logsum, entropy):
+    """d logits of the admitted native selected_logp backward (the Triton launcher's arguments)."""
+    return _slp_backward(load("selected_logp"), grad_logp, grad_entropy, logits, target, row_index, temperature,
+                         temperature_rows, ignore_index, row_max, row_logsum, entropy)
 
 
 # ---- the gate ----

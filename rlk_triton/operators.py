@@ -59,10 +59,10 @@ def _triton(op, kernels, devices, **claims) -> Backend:
                    batch_invariant=True, bitwise_deterministic=True, **claims)
 
 
-def _native(op, kernels, shape_ranges, notes) -> Backend:
-    """The native CUDA backend of op: a forward with the Triton backward, the Triton kernels' bits where
-    admitted (docs/native.md); strict-eligible only then (the registry decides), ranked behind Triton."""
-    return Backend(op, "cuda_native", f"CUDA {kernels} (forward; backward by the Triton kernels)", "native",
+def _native(op, kernels, shape_ranges, notes, passes="forward; backward by the Triton kernels") -> Backend:
+    """The native CUDA backend of op: the Triton kernels' bits where admitted (docs/native.md);
+    strict-eligible only then (the registry decides), ranked behind Triton."""
+    return Backend(op, "cuda_native", f"CUDA {kernels} ({passes})", "native",
                    strict_eligible=False, optimized=True, speed_rank=1, dtypes=DTYPES,
                    devices="cuda sm90 with nvcc and a source checkout, after `rlk-triton native admit`",
                    autograd=True, parallel_modes=("data",), shape_ranges=shape_ranges, batch_invariant=True,
@@ -81,7 +81,8 @@ def _selected_logp() -> Operator:
                 notes="slow; fixed 16-row chunks make every row's reductions one shape"),
         _native("selected_logp", "kernels native/selected_logp_kernels.cu",
                 {"V": "1 .. 32 vocab chunks (262144 for 2-byte logits, 131072 for float32)",
-                 "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant"),
+                 "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant",
+                passes="forward and backward"),
     ))
 
 

@@ -109,17 +109,23 @@ def selected_logp_rows(rows, admitted, g):
     and a training-sized one: the Triton and native launches, the bare binding, the public calls."""
     from rlk_triton.logp import selected_logp
 
-    nop = native.native_op("selected_logp")
+    from rlk_triton.ops import selected_logp as slp
+
     ext = native.load("selected_logp")
     stream = launch.stream_handle
     for N, entropy in ((1, False), (1, True), (8, True), (64, True), (4096, True)):
         logits = (torch.randn(N, 151936, device="cuda", generator=g) * 4).to(torch.bfloat16)
         t = torch.randint(0, 151936, (N,), device="cuda", generator=g)
         args = (logits, t, None, 1.0, None, -100, entropy)
-        want = nop.triton(*args)
+        want = tuple(slp.launch_forward(*args))
         block_v, chunk_v, vec = native._slp_config(logits)
-        calls = {"triton launch": lambda: nop.triton(*args),
-                 "native launch": lambda: nop.native(ext, *args),
+        g_logp, g_ent = native._slp_upstream(N, entropy, logits.device)
+        bwd_args = (g_logp, g_ent, logits, t, None, 1.0, None, -100, want[2], want[3], want[1])
+        grad = slp.launch_backward(*bwd_args)
+        calls = {"triton launch": lambda: slp.launch_forward(*args),
+                 "native launch": lambda: native._slp_forward(ext, *args),
+                 "triton backward launch": lambda: slp.launch_backward(*bwd_args),
+                 "native backward launch": lambda: native._slp_backward(ext, *bwd_args),
                  "bare extension call": lambda: ext.selected_logp_fwd(logits, t, None, None, 1.0, -100, entropy, block_v,
                                                                       chunk_v, vec, stream(logits.device.index)),
                  "selected_logp(backend='triton')": lambda: selected_logp(logits, t, return_entropy=entropy,
@@ -134,8 +140,10 @@ def selected_logp_rows(rows, admitted, g):
         for name, fn in calls.items():
             got = fn()
             got = got if isinstance(got, (tuple, list)) else (got,)
-            same = all(native.same_bits(a, b) for a, b in zip(got, want[:len(got)]) if a.numel())
-            rows.append({"op": "selected_logp fwd" + (" + entropy" if entropy else ""), "shape": f"{N} x 151936 bf16",
+            ref = (grad,) if "backward" in name else want[:len(got)]
+            same = all(native.same_bits(a, b) for a, b in zip(got, ref) if a.numel())
+            rows.append({"op": "selected_logp " + ("bwd" if "backward" in name else "fwd") + (" + entropy" if entropy else ""),
+                         "shape": f"{N} x 151936 bf16",
                          "backend": name, "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
                          "device_ms_each": device[name], "bitwise": same})
             print(rows[-1], flush=True)

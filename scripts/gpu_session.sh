@@ -18,7 +18,7 @@ for step in ${STEPS:-tests native host ll split}; do
              tests/test_attention.py::test_backward_whole_block_loops_give_the_masked_bits} > $OUT/tests.log 2>&1
            echo "tests: exit $? $(grep -E ' passed| failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -20
            pkill -f "pytest" 2>/dev/null; sleep 1 ;;  # a timed-out run leaves xdist workers: they would skew the timings
-    native) timeout ${NATIVE_S:-120} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1
+    native) timeout ${NATIVE_S:-300} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1
             echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;

@@ -225,11 +225,9 @@ def triton_slp_ptx(kernel: str, dtype, V: int, n: int, row_stride: int, total_ro
     return ptx, warps
 
 
-def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, entropy=True, row_index=False,
-             per_row_t=False, temperature=1.0) -> dict:
-    """Both implementations on the same logits; targets ignored and out of range, a bad row index."""
-    row_stride = row_stride or V
-    total_rows = n + 2 if row_index else n
+def slp_inputs(dtype, V, n, seed, row_stride, total_rows, row_index, per_row_t):
+    """(generator, logits, targets, row indices, per-row temperatures): targets ignored and out of range,
+    a row index outside the logits."""
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(total_rows, row_stride, generator=g) * 4).to(dtype)
     target = torch.randint(0, V, (n,), generator=g)
@@ -239,6 +237,15 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     if row_index and n > 3:
         rows[3] = total_rows + 2
     temps = (torch.rand(n, generator=g) + 0.5) if per_row_t else None
+    return g, logits, target, rows, temps
+
+
+def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, entropy=True, row_index=False,
+             per_row_t=False, temperature=1.0) -> dict:
+    """Both implementations on the same logits; targets ignored and out of range, a bad row index."""
+    row_stride = row_stride or V
+    total_rows = n + 2 if row_index else n
+    g, logits, target, rows, temps = slp_inputs(dtype, V, n, seed, row_stride, total_rows, row_index, per_row_t)
     block_v, chunk_v, vec = native._slp_config(logits[:, :V], arch="sm90")
     n_chunks = slp.chunk_count(V, chunk_v)
     row = {"dtype": str(dtype)[6:], "V": V, "rows": n, "row_stride": row_stride, "entropy": entropy,
@@ -290,6 +297,75 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     return dict(row, vec=vec, chunks=n_chunks, same_bits=same, result="equal" if all(same.values()) else "DIFFERENT")
 
 
+def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, entropy=True, row_index=False,
+                 per_row_t=False, temperature=1.0) -> dict:
+    """The backward of both implementations on the same logits and row statistics: d logits' bits."""
+    row_stride = row_stride or V
+    total_rows = n + 2 if row_index else n
+    g, logits, target, rows, temps = slp_inputs(dtype, V, n, seed, row_stride, total_rows, row_index, per_row_t)
+    z = logits[rows.clamp(0, total_rows - 1) if row_index else slice(0, n), :V].float() / \
+        (temps[:, None] if per_row_t else temperature)
+    row_max = z.max(1).values
+    logsum = (z - row_max[:, None]).exp().sum(1).log()
+    ent = torch.rand(n, generator=g) * 5
+    grad_logp, grad_ent = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    vec = native._slp_bwd_vec(logits[:, :V])
+    row = {"dtype": str(dtype)[6:], "V": V, "rows": n, "row_stride": row_stride, "entropy_grad": entropy,
+           "row_index": row_index, "per_row_temperature": per_row_t, "temperature": temperature, "vec": vec}
+    cfg = configs.lookup("selected_logp_bwd", "sm90", dtype, V)
+    size = 2 * total_rows * max(row_stride, V) * 4 + n * 64 + (1 << 16)
+
+    def regions(mem):
+        return [mem.put(t) for t in (logits, target, rows if row_index else target, temps if per_row_t else
+                                     torch.zeros(1), row_max, logsum, ent, grad_logp, grad_ent,
+                                     torch.zeros(total_rows * V, dtype=dtype))]
+
+    mem = Memory(size)
+    la, ta, ra, tra, ma, sa, ea, gla, gea, oa = regions(mem)
+    params = [la, row_stride, 0, 1, ta, ra, tra, f2u(temperature), ma, sa, ea, gla, gea, oa, V, V,
+              (-100) & 0xFFFFFFFF, total_rows, 0, 0]
+    ptx, _ = compile_triton_bwd(dtype, V, n, row_stride, total_rows,
+                                dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY_GRAD=entropy))
+    code = entry(as_ptxas_compiles(ptx))
+    for r in range(n):
+        for tile in range(-(-V // cfg.block_v)):
+            emu.run_cta(code, 32 * cfg.num_warps, params, mem.buf, (r, tile))
+    want = mem.get(oa, total_rows * V, dtype)
+
+    mem = Memory(size)
+    la, ta, ra, tra, ma, sa, ea, gla, gea, oa = regions(mem)
+    args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, row_stride, ta, ra if row_index else 0, tra if per_row_t else 0,
+                       temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,
+                       0, 0)
+    names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
+    code = entry(module, f"slp_bwd_kernelI{names[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
+    for r in range(n):
+        for b in range(-(-V // (vec * 256))):
+            emu.run_cta(code, 256, [args], mem.buf, (r, b))
+    got = mem.get(oa, total_rows * V, dtype)
+    ints = torch.int32 if dtype == torch.float32 else torch.int16
+    same = torch.equal(want.view(ints), got.view(ints))
+    return dict(row, same_bits={"grad_logits": same}, result="equal" if same else "DIFFERENT")
+
+
+def compile_triton_bwd(dtype, V, n, row_stride, total_rows, flags):
+    cfg = configs.lookup("selected_logp_bwd", "sm90", dtype, V)
+
+    def f(k):
+        return torch.empty(max(k, 1))
+
+    ids = torch.empty(n, dtype=torch.int64)
+    args = dict(logits_ptr=torch.empty(total_rows * row_stride, dtype=dtype), stride_outer=row_stride, stride_inner=0,
+                inner_size=1, target_ptr=ids, row_index_ptr=ids, temperature_ptr=f(n), temperature=1.0,
+                row_max_ptr=f(n), row_logsum_ptr=f(n), entropy_ptr=f(n), grad_logp_ptr=f(n), grad_entropy_ptr=f(n),
+                grad_logits_ptr=torch.empty(total_rows * V, dtype=dtype), grad_row_stride=V, V=V, ignore_index=-100,
+                total_rows=total_rows, BLOCK_V=cfg.block_v, **flags)
+    _, _, ptx, err = compile_for_sm90(slp._bwd_kernel, args, cfg.num_warps, cfg.num_stages)
+    if err:
+        raise RuntimeError(err)
+    return ptx, cfg
+
+
 def slp_cases():
     """Every chunk count class (1, 2, 4, 8, 16, 32 merge lanes; FINISH with both tile widths), each
     dtype, the flags, a row stride not a multiple of 16, odd V."""
@@ -302,6 +378,16 @@ def slp_cases():
             (bf, 151936, 3, dict(row_stride=151937)), (bf, 1000, 5, dict(row_stride=1008)),
             (torch.float16, 50257, 4, dict(row_stride=50264, entropy=False)), (bf, 16000, 40, {}),
             (bf, 262144, 2, {})]
+    return out
+
+
+def slp_bwd_cases():
+    """The backward is elementwise: each dtype and vector width, the flags, odd V, strided rows."""
+    bf = torch.bfloat16
+    out = [(dt, V, 4, {}) for dt in (bf, torch.float16, torch.float32) for V in (4096, 5001)]
+    out += [(bf, 4096, 4, dict(entropy=False)), (bf, 4096, 5, dict(row_index=True)), (bf, 4096, 4, dict(per_row_t=True)),
+            (bf, 4096, 3, dict(temperature=0.7)), (bf, 4096, 3, dict(row_stride=4100)),
+            (torch.float32, 2000, 3, dict(row_stride=2003, temperature=1.3))]
     return out
 
 
@@ -322,6 +408,9 @@ def main():
             module = native_ptx("selected_logp_kernels.cu")
             runs = [lambda case=case, i=i: slp_case(module, case[0], case[1], case[2], seed=i, **case[3])
                     for i, case in enumerate(slp_cases())]
+            runs += [lambda case=case, i=i: dict(slp_bwd_case(module, case[0], case[1], case[2], seed=i, **case[3]),
+                                                 kernel="backward")
+                     for i, case in enumerate(slp_bwd_cases())]
         rows = []
         for run in runs:
             rows.append(run())

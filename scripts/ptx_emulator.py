@@ -247,6 +247,9 @@ class CTA:
                 else:
                     assert len(regs) == 1 and off == 0, op
                     v = value
+                if o[-1][0] == "s" and width < 8:  # ld.param.s32 into a 64-bit register: sign-extended
+                    v &= MASK[8 * width]
+                    v = v - (1 << 8 * width) if v >> (8 * width - 1) else v
                 self.setr(reg, np.full(self.n, v & MASK[64], np.uint64), mask)
             return
         if base == "mov":

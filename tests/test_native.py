@@ -270,13 +270,16 @@ def test_selected_logp_cuda_native_without_an_admission_is_a_typed_error(device,
 
 
 @pytest.mark.parametrize("entropy", [False, True])
-def test_an_admitted_native_selected_logp_runs_with_the_triton_backward(device, monkeypatch, entropy):
-    """The call path with the native forward stood in by the Triton launcher (the gate's job is the
+def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monkeypatch, entropy):
+    """The call path with the native kernels stood in by the Triton launchers (the gate's job is the
     bits): values and gradients equal the Triton path's, with a per-row temperature and an ignored row."""
     from rlk_triton.logp import selected_logp
 
+    from rlk_triton.ops import selected_logp as slp
+
     monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
-    monkeypatch.setattr(native, "selected_logp_fwd", native._slp_triton)
+    monkeypatch.setattr(native, "selected_logp_fwd", lambda *a: tuple(slp.launch_forward(*a)))
+    monkeypatch.setattr(native, "selected_logp_bwd", slp.launch_backward)
     g = torch.Generator().manual_seed(4)
     logits = (torch.randn(5, 300, generator=g) * 3).to(device, torch.bfloat16)
     t = torch.randint(0, 300, (5,), generator=g).to(device)

@@ -177,13 +177,9 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
 
 # ---- the emulated native kernels ----
 
-def emulate(module, logits, target, inv_t_source, entropy):
-    """(logp, entropy, row_max, row_logsum) of the native kernels on [n, V] logits, emulated."""
-    emu = _emulator()
-    n, V = logits.shape
-    block_v, chunk_v, vec = native._slp_config(logits, arch="sm90")
-    n_chunks = max(-(-V // chunk_v), 1)
-    mem = np.zeros(logits.numel() * 4 + n * 64 + 12 * n * n_chunks + (1 << 16), np.uint8)
+def _memory(nbytes):
+    """(device memory, put): put copies a tensor to the next 256-byte aligned region, returns its address."""
+    mem = np.zeros(nbytes + (1 << 16), np.uint8)
     top = [4096]
 
     def put(t):
@@ -193,6 +189,16 @@ def emulate(module, logits, target, inv_t_source, entropy):
         top[0] = (at + b.size + 255) // 256 * 256 + 256
         return at
 
+    return mem, put
+
+
+def emulate(module, logits, target, inv_t_source, entropy):
+    """(logp, entropy, row_max, row_logsum) of the native kernels on [n, V] logits, emulated."""
+    emu = _emulator()
+    n, V = logits.shape
+    block_v, chunk_v, vec = native._slp_config(logits, arch="sm90")
+    n_chunks = max(-(-V // chunk_v), 1)
+    mem, put = _memory(logits.numel() * 4 + n * 64 + 12 * n * n_chunks)
     la, ta = put(logits), put(target)
     outs = [put(torch.zeros(n)) for _ in range(4)]
     st = put(torch.zeros(3 * n * n_chunks))
@@ -244,3 +250,49 @@ def test_the_model_is_not_order_blind():
     assert any(np.array(u, F).view(np.uint32).tolist() != np.array(v, F).view(np.uint32).tolist()
                for u, v in zip(a, b))
     assert math.isfinite(a[0][0])
+
+
+# ---- the backward: elementwise ----
+
+def model_grad(x, inv_t, target, row_max, row_logsum, g, h, ent, V):
+    """d logits of one row in the documented order (native/selected_logp_kernels.cu, backward)."""
+    log_p = (_fma(inv_t, x, -row_max) - row_logsum).astype(F)
+    p = _ex2((log_p * LOG2E).astype(F))
+    g = F(0) if target == -100 else F(g)
+    onehot = np.where(np.arange(V) == target, g, F(0)).astype(F)
+    dx = _fma(-p, g, onehot)
+    if h is not None:
+        q = np.where(p > 0, (p * (log_p + F(ent)).astype(F)).astype(F), F(0)).astype(F)
+        dx = _fma(-q, F(h), dx)
+    return (inv_t * dx).astype(F)
+
+
+@pytest.mark.parametrize("dtype,V,entropy", [(torch.bfloat16, 4096, True), (torch.float32, 1001, True),
+                                             (torch.float16, 2048, False)])
+def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx, dtype, V, entropy):
+    emu = _emulator()
+    n = 3
+    g = torch.Generator().manual_seed(V + 1)
+    logits = (torch.randn(n, V, generator=g) * 4).to(dtype)
+    target = torch.tensor([5, -100, V - 1])
+    row_max, row_logsum = torch.rand(n, generator=g) * 10, torch.rand(n, generator=g) * 3
+    ent, g_logp, g_ent = torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)
+    vec = native._slp_bwd_vec(logits)
+    mem, put = _memory(3 * logits.numel() * 4)
+    la, ta, ma, sa, ea, gla, gea = (put(t) for t in (logits, target, row_max, row_logsum, ent, g_logp, g_ent))
+    oa = put(torch.zeros(n * V, dtype=dtype))
+    args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, V, ta, 0, 0, 0.7, ma, sa, ea if entropy else 0, gla,
+                       gea if entropy else 0, oa, V, -100, n, 0, 0)
+    code = _entry(ptx, f"slp_bwd_kernelI{TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
+    for r in range(n):
+        for b in range(-(-V // (vec * 256))):
+            emu.run_cta(code, 256, [args], mem, (r, b))
+    ints = torch.int32 if dtype == torch.float32 else torch.int16
+    got = torch.from_numpy(mem[oa:oa + n * V * logits.element_size()].copy()).view(ints).view(dtype).view(n, V)
+    num, rcp = _div_parts(F(1), F(0.7))
+    inv_t = F(num * rcp)
+    x = logits.float().numpy().astype(F)
+    for r in range(n):
+        want = model_grad(x[r], inv_t, int(target[r]), F(row_max[r]), F(row_logsum[r]), g_logp[r].item(),
+                          g_ent[r].item() if entropy else None, ent[r].item(), V)
+        assert torch.equal(got[r].view(ints), torch.from_numpy(want).to(dtype).view(ints)), r

@@ -377,17 +377,19 @@ def _setup_context(ctx, inputs, output):
     ctx.ignore_index = ignore_index
 
 
-def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+def _backward_args(ctx, grad_logp, grad_entropy) -> tuple:
+    """The backward launcher's arguments from the saved tensors and the incoming gradients."""
     logits, target_ids, row_index, temperature_rows, row_max, row_logsum, entropy = ctx.saved_tensors
     if grad_logp is None:
         grad_logp = torch.zeros_like(row_max)
     if grad_entropy is not None and grad_entropy.numel() == 0:
         grad_entropy = None
-    grad = call_selected_logp_bwd(
-        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
-        logits, target_ids, row_index, ctx.temperature, temperature_rows, ctx.ignore_index,
-        row_max, row_logsum, entropy,
-    )
+    return (grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(), logits,
+            target_ids, row_index, ctx.temperature, temperature_rows, ctx.ignore_index, row_max, row_logsum, entropy)
+
+
+def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+    grad = call_selected_logp_bwd(*_backward_args(ctx, grad_logp, grad_entropy))
     return grad, None, None, None, None, None, None
 
 
@@ -395,11 +397,18 @@ call_selected_logp_fwd = autograd_op(selected_logp_fwd, _backward, _setup_contex
 call_selected_logp_bwd = direct(selected_logp_bwd)
 
 
-# ---- the admitted native forward (backend="cuda_native"; docs/native.md) ----
+# ---- the admitted native kernels (backend="cuda_native"; docs/native.md) ----
+
+def _native_backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
+    """_backward through the native backward kernel (the Triton kernel's arithmetic, gated with it)."""
+    from .. import native
+
+    return (native.selected_logp_bwd(*_backward_args(ctx, grad_logp, grad_entropy)),
+            None, None, None, None, None, None)
+
 
 class _NativeForward(torch.autograd.Function):
-    """The native forward with the Triton backward: the custom op's setup_context and backward on the
-    same saved tensors (the native row_max / row_logsum / entropy are the Triton kernels' bits)."""
+    """The native forward and backward, with the custom op's setup_context on the same saved tensors."""
 
     @staticmethod
     def forward(ctx, logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy):
@@ -412,7 +421,7 @@ class _NativeForward(torch.autograd.Function):
         ctx.mark_non_differentiable(*out[2:])
         return out
 
-    backward = staticmethod(_backward)
+    backward = staticmethod(_native_backward)
 
 
 def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy):
