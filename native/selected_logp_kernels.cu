@@ -196,7 +196,9 @@ __device__ __forceinline__ void fold_tile(const float (&x)[E], float inv_t, floa
   m = m_new;
 }
 
-// Lanes of tile `start` (element offset in the row) into x; masked lanes (>= V) get -inf.
+// Lanes of tile `start` (element offset in the row) into x; masked lanes (>= V) get -inf. A full tile
+// of a 16-byte VEC layout is read one 16-byte vector per (thread, c): the launcher picks that VEC only
+// for rows that start 16-byte aligned (and tiles start at multiples of BLOCK_V).
 template <typename T, int E, int VEC, bool MASKED>
 __device__ __forceinline__ void load_tile(const T* row_ptr, int64_t start, int64_t V, float (&x)[E]) {
   using R = typename Raw<T>::type;
@@ -204,10 +206,18 @@ __device__ __forceinline__ void load_tile(const T* row_ptr, int64_t start, int64
   const int t = threadIdx.x;
 #pragma unroll
   for (int c = 0; c < E / VEC; ++c) {
+    const int64_t lane0 = start + c * VEC * 32 + t * VEC;
+    if constexpr (!MASKED && VEC * sizeof(R) == 16) {
+      union { uint4 v; R e[VEC]; } u;
+      u.v = __ldcs(reinterpret_cast<const uint4*>(p + lane0));  // read once: evict first
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const int64_t lane = start + c * VEC * 32 + t * VEC + j;
-      x[c * VEC + j] = (!MASKED || lane < V) ? to_f32(T(), p[lane]) : -CUDART_INF_F;
+      for (int j = 0; j < VEC; ++j) x[c * VEC + j] = to_f32(T(), u.e[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int64_t lane = lane0 + j;
+        x[c * VEC + j] = (!MASKED || lane < V) ? to_f32(T(), p[lane]) : -CUDART_INF_F;
+      }
     }
   }
 }
