@@ -20,7 +20,8 @@
 //        (chained in register order, then butterflies); t' = fma(t + moved, alpha, u);
 //     4. s' = fma(s, alpha, sum_r e_r) (the same chain and butterflies);
 //   the tail tile's lanes past V hold -inf (e = 0, no entropy term).
-//   merge kernel, four warps, lane % CHUNKS = chunk (CHUNKS = next_pow2(chunks), 2 .. 32 lanes a row):
+//   merge kernel, four warps, lane % CHUNKS = chunk (CHUNKS = next_pow2(chunks), 2 .. 32 lanes a row;
+//   64: two warps a row, slp_merge64_kernel):
 //     m = butterfly max; shift as above; d_c = m_c - shift; beta_c = ex2.approx.ftz(d_c * log2 e);
 //     s = butterflies over the row's lanes of s_c * beta_c, the first add contracted:
 //         fma(beta_c, s_c, shfl(s_c * beta_c, CHUNKS / 2)), then adds at CHUNKS / 4 .. 1;
@@ -314,11 +315,73 @@ __global__ void __launch_bounds__(128) slp_merge_kernel(Args a) {
   }
 }
 
+// 33 .. 64 chunks: a row's chunks on two warps (chunk = (warp & 1) * 32 + lane, two rows a pass). Each
+// warp reduces its 32 lanes as slp_merge_kernel does, lane 0 writes the warp's partial to shared
+// memory (Triton's kernel: that store is predicated on lane 0), and the two partials combine in one
+// symmetric step (max, or the sum p0 + p1) that every thread of the row reads back.
+template <typename T, int MERGE_ROWS, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+__global__ void __launch_bounds__(128) slp_merge64_kernel(Args a) {
+  __shared__ float part[2][2];  // [row of the pass][warp half]
+  const int lane = threadIdx.x & 31, half = (threadIdx.x >> 5) & 1, sub = threadIdx.x >> 6;
+  // one partial per warp half from lane 0, combined by op: the pass's two rows at once
+  auto combine = [&](float v, bool is_max) {
+    if (lane == 0) part[sub][half] = v;
+    __syncthreads();
+    const float r = is_max ? fmaxf(part[sub][0], part[sub][1]) : __fadd_rn(part[sub][0], part[sub][1]);
+    __syncthreads();
+    return r;
+  };
+#pragma unroll  // (straight-line code: the emulator runs loops only with a uniform back edge)
+  for (int base = 0; base < MERGE_ROWS; base += 2) {
+    const int64_t block_row = (int64_t)blockIdx.x * MERGE_ROWS + base + sub;
+    const bool ok = block_row < a.n_rows;
+    const int64_t pid = ok ? block_row : a.n_rows - 1;
+    bool row_ok;
+    const int64_t row = row_of<ROW_INDEX>(a, pid, row_ok);
+    const T* row_ptr = row_start<T>(a, row);
+    const float inv_t = inv_temperature<PER_ROW_T>(a, pid);
+    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
+    const int chunk = half * 32 + lane;
+    const float* at = a.state + pid * a.n_chunks + chunk;
+    const bool have = chunk < a.n_chunks;
+    const float m_c = have ? at[0] : -CUDART_INF_F;
+    const float s_c = have ? at[plane] : 0.0f;
+    const float t_c = ENT && have ? at[2 * plane] : 0.0f;
+    float m = m_c;
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, shfl(m, d));
+    m = combine(m, true);
+    const float shift = m == -CUDART_INF_F ? 0.0f : m;
+    const float d_c = __fsub_rn(m_c, shift);
+    const float beta = ex2_approx(__fmul_rn(d_c, LOG2E));
+    float s = __fmaf_rn(beta, s_c, shfl(__fmul_rn(beta, s_c), 16));
+#pragma unroll
+    for (int d = 8; d >= 1; d >>= 1) s = __fadd_rn(s, shfl(s, d));
+    s = combine(s, false);
+    float t = 0.0f;
+    if constexpr (ENT) {
+      const float w = __fadd_rn(s_c > 0.0f ? __fmul_rn(d_c, s_c) : 0.0f, t_c);
+      t = __fmaf_rn(w, beta, shfl(__fmul_rn(w, beta), 16));
+#pragma unroll
+      for (int d = 8; d >= 1; d >>= 1) t = __fadd_rn(t, shfl(t, d));
+      t = combine(t, false);
+    }
+    if (threadIdx.x % 64 == 0 && ok) {  // every thread of the row holds the same results
+      float logp, log_s, entropy;
+      row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
+      a.logp[block_row] = logp;
+      a.row_max[block_row] = m;
+      a.row_logsum[block_row] = log_s;
+      if (ENT) a.entropy[block_row] = entropy;
+    }
+  }
+}
+
 constexpr int MERGE_ROWS = 32;  // rlk_triton/ops/selected_logp.py MERGE_ROWS (rows never mix: speed only)
 
 template <typename T, int BLOCK_V, int VEC, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
 int launch(const Args& a, int chunk_v, cudaStream_t stream) {
-  if (a.n_chunks > 32) return 1;  // the merge layouts: 2 .. 32 lanes per row (next_pow2 of the chunks)
+  if (a.n_chunks > 64) return 1;  // the merge layouts: 2 .. 32 lanes of a warp, or two warps, per row
   const dim3 grid((unsigned)a.n_rows, (unsigned)a.n_chunks);
   if (a.n_chunks == 1) {
     slp_chunk_kernel<T, BLOCK_V, VEC, ENT, ROW_INDEX, PER_ROW_T, true><<<grid, 32, 0, stream>>>(a, chunk_v);
@@ -330,7 +393,8 @@ int launch(const Args& a, int chunk_v, cudaStream_t stream) {
     else if (a.n_chunks <= 4) RLK_MERGE(4);
     else if (a.n_chunks <= 8) RLK_MERGE(8);
     else if (a.n_chunks <= 16) RLK_MERGE(16);
-    else RLK_MERGE(32);
+    else if (a.n_chunks <= 32) RLK_MERGE(32);
+    else slp_merge64_kernel<T, MERGE_ROWS, ENT, ROW_INDEX, PER_ROW_T><<<blocks, 128, 0, stream>>>(a);
 #undef RLK_MERGE
   }
   return cudaGetLastError() == cudaSuccess ? 0 : 2;

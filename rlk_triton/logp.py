@@ -335,9 +335,9 @@ def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, w
     if flat_targets.numel() == 0 or rows.shape[1] == 0:
         raise BackendError("backend", "cuda_native needs at least one row and V >= 1: use backend='triton'")
     block_v, chunk_v, _ = native._slp_config(rows)
-    if -(-rows.shape[1] // chunk_v) > 32:
-        raise BackendError("backend", f"cuda_native merges at most 32 vocab chunks of {chunk_v} (V <= "
-                           f"{32 * chunk_v} here), got V = {rows.shape[1]}: use backend='triton'")
+    if -(-rows.shape[1] // chunk_v) > 64:
+        raise BackendError("backend", f"cuda_native merges at most 64 vocab chunks of {chunk_v} (V <= "
+                           f"{64 * chunk_v} here), got V = {rows.shape[1]}: use backend='triton'")
     if rows.data_ptr() % 16:  # the layout rule is known for 16-byte aligned logits only (docs/native.md)
         raise BackendError("backend", "cuda_native needs the logits 16-byte aligned: use backend='triton'")
     return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy)

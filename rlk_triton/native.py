@@ -214,7 +214,7 @@ def _slp_backward(ext, grad_logp, grad_entropy, logits, target, row_index, tempe
 
 def _slp_cases(device) -> list:
     """Forward and backward (d logits for fixed upstream gradients, _slp_upstream), compared output by
-    output. Every V bucket and chunk count the native kernels have (1 to 32 chunks, FINISH and merged),
+    output. Every V bucket and chunk count the native kernels have (1 to 64 chunks, FINISH and merged),
     every dtype, 1 / 7 / 64 rows (the same rows in several batch sizes), entropy on and off; targets
     ignored and out of range, huge, -inf and all -inf rows, per-row and scalar temperatures, int32
     ids, row indices with a bad one (validate=False), and row strides that are and are not multiples
@@ -223,8 +223,8 @@ def _slp_cases(device) -> list:
     g = torch.Generator().manual_seed(1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         for V in (1000, 8000, 16000, 32000, 50257, 128256, 151936, 262144):
-            if _slp_layout("sm90", dt, V, True)[1] * 32 < V:
-                continue  # more chunks than a merge warp has lanes: no native kernel (the launcher refuses)
+            if _slp_layout("sm90", dt, V, True)[1] * 64 < V:
+                continue  # more chunks than two merge warps have lanes: no native kernel (the launcher refuses)
             for N in (1, 7, 64):
                 x = (torch.randn(N, V, generator=g) * 4).to(dt)
                 t = torch.randint(0, V, (N,), generator=g)

@@ -80,7 +80,7 @@ def _selected_logp() -> Operator:
                 batch_invariant=True, bitwise_deterministic=True,
                 notes="slow; fixed 16-row chunks make every row's reductions one shape"),
         _native("selected_logp", "kernels native/selected_logp_kernels.cu",
-                {"V": "1 .. 32 vocab chunks (262144 for 2-byte logits, 131072 for float32)",
+                {"V": "1 .. 64 vocab chunks (524288 for 2-byte logits, 262144 for float32)",
                  "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant",
                 passes="forward and backward"),
     ))

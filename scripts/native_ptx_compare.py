@@ -250,7 +250,7 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     n_chunks = slp.chunk_count(V, chunk_v)
     row = {"dtype": str(dtype)[6:], "V": V, "rows": n, "row_stride": row_stride, "entropy": entropy,
            "row_index": row_index, "per_row_temperature": per_row_t, "temperature": temperature}
-    if n_chunks > 32:
+    if n_chunks > 64:
         return dict(row, result="refused by the native launcher")
     flags = dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY=entropy)
     size = total_rows * row_stride * 4 + n * 64 + 12 * n * n_chunks + (1 << 16)
@@ -287,7 +287,8 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem.buf, (r, c))
     if n_chunks > 1:
-        merge = entry(module, f"slp_merge_kernelI{names[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
+        merge = entry(module, f"slp_merge64_kernelI{names[dtype]}Li32E{tail}EEvNS_4ArgsE" if n_chunks > 32 else
+                      f"slp_merge_kernelI{names[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem.buf, b)
     got = outputs(mem, outs)
@@ -367,7 +368,7 @@ def compile_triton_bwd(dtype, V, n, row_stride, total_rows, flags):
 
 
 def slp_cases():
-    """Every chunk count class (1, 2, 4, 8, 16, 32 merge lanes; FINISH with both tile widths), each
+    """Every chunk count class (1, 2, 4, 8, 16, 32 merge lanes, two warps; FINISH with both tile widths), each
     dtype, the flags, a row stride not a multiple of 16, odd V."""
     out = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -377,7 +378,7 @@ def slp_cases():
             (bf, 151936, 4, dict(per_row_t=True)), (bf, 151936, 3, dict(temperature=0.7)),
             (bf, 151936, 3, dict(row_stride=151937)), (bf, 1000, 5, dict(row_stride=1008)),
             (torch.float16, 50257, 4, dict(row_stride=50264, entropy=False)), (bf, 16000, 40, {}),
-            (bf, 262144, 2, {})]
+            (bf, 262144, 2, {}), (torch.float32, 262144, 3, {}), (torch.float32, 151936, 40, dict(entropy=False))]
     return out
 
 

@@ -311,9 +311,9 @@ def test_selected_logp_cuda_native_refuses_what_it_has_no_kernel_for(device, mon
     with pytest.raises(BackendError, match=r"\[N, V\] or \[V\]"):
         selected_logp(torch.randn(2, 3, 64, device=device), torch.zeros(2, 3, dtype=torch.long, device=device),
                       backend="cuda_native")
-    with pytest.raises(BackendError, match="at most 32 vocab chunks"):
-        selected_logp(torch.empty(1, 32 * 8192 + 1, device=device, dtype=torch.bfloat16).fill_(0),
-                      torch.zeros(1, dtype=torch.long, device=device), backend="cuda_native")
+    with pytest.raises(BackendError, match="at most 64 vocab chunks"):
+        selected_logp(torch.zeros(1, 64 * 4096 + 1, device=device), torch.zeros(1, dtype=torch.long, device=device),
+                      backend="cuda_native")
     buf = torch.zeros(2 * 64 + 1, device=device, dtype=torch.bfloat16)
     with pytest.raises(BackendError, match="16-byte aligned"):
         selected_logp(buf[1:].view(2, 64), torch.zeros(2, dtype=torch.long, device=device), backend="cuda_native")

@@ -149,6 +149,22 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
         states.append((F(m), F(s), F(t)))
     if n_chunks == 1:
         m, s, t = states[0]
+    elif n_chunks > 32:  # two warps: each warp's lane-0 partial, then p0 + p1 (max for m)
+        pad = [(F(-np.inf), F(0), F(0))] * (64 - n_chunks)
+        m_c, s_c, t_c = (np.array(v, F).reshape(2, 32) for v in zip(*(states + pad)))
+        m = np.fmax(*(_butterfly(m_c[h], np.fmax, 16)[0] for h in (0, 1)))
+        shift = F(0) if m == -np.inf else m
+        d_c = (m_c - shift).astype(F)
+        beta = _ex2((d_c * LOG2E).astype(F))
+        lanes = np.arange(32)
+
+        def halves_sum(a, b):
+            parts = [_butterfly(_fma(a[h], b[h], (a[h] * b[h]).astype(F)[lanes ^ 16]), np.add, 8)[0] for h in (0, 1)]
+            return F(parts[0] + parts[1])
+
+        s = halves_sum(beta, s_c)
+        w = (np.where(s_c > 0, (d_c * s_c).astype(F), F(0)) + t_c).astype(F)
+        t = halves_sum(w, beta) if entropy else F(0)
     else:  # the merge: lane % C = chunk, the first butterfly step contracted, the last lane's sums
         C = 1 << (n_chunks - 1).bit_length()
         pad = [(F(-np.inf), F(0), F(0))] * (C - n_chunks)
@@ -210,17 +226,18 @@ def emulate(module, logits, target, inv_t_source, entropy):
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem, (r, c))
     if n_chunks > 1:
-        merge = _entry(module, f"slp_merge_kernelI{TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
+        merge = _entry(module, f"slp_merge64_kernelI{TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
+                       f"slp_merge_kernelI{TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem, b)
     return [mem[a:a + 4 * n].view(F).copy() for a in outs], (block_v, chunk_v, vec)
 
 
-# (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4 and 19
-# chunks (merges of 2, 4 and 32 lanes)
+# (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4, 19 and 38
+# chunks (merges of 2, 4 and 32 lanes, and of two warps)
 CASES = [
     (torch.bfloat16, 1000, 3, True), (torch.float32, 1001, 3, True), (torch.float16, 16000, 3, True),
-    (torch.bfloat16, 32000, 3, False), (torch.bfloat16, 151936, 2, True),
+    (torch.bfloat16, 32000, 3, False), (torch.bfloat16, 151936, 2, True), (torch.float32, 151936, 2, True),
 ]
 
 
