@@ -61,7 +61,7 @@ def selected_logp(
         validate: check target ids (and tensor temperatures) on the host. It costs one device sync;
             with validate=False an invalid target gives NaN logp instead of an error.
         backend: "triton" (the kernels), "torch_reference" (float64 torch, runs anywhere, slow,
-            same contract), or "cuda_native": the native forward (docs/native.md), only where
+            same contract), or "cuda_native": the native kernels (docs/native.md), only where
             `rlk-triton native admit --op selected_logp` recorded it bitwise equal to the Triton
             kernels under this process's fingerprint (BackendError saying why otherwise); logits
             [N, V] or [V], eager only; forward and backward.
