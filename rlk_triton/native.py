@@ -222,7 +222,7 @@ def _slp_cases(device) -> list:
     out = []
     g = torch.Generator().manual_seed(1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
-        for V in (1000, 8000, 16000, 32000, 50257, 128256, 151936, 262144):
+        for V in (1000, 8000, 16000, 32000, 50257, 128256, 151936, 262144, 393216):
             if _slp_layout("sm90", dt, V, True)[1] * 64 < V:
                 continue  # more chunks than two merge warps have lanes: no native kernel (the launcher refuses)
             for N in (1, 7, 64):

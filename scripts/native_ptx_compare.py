@@ -378,7 +378,8 @@ def slp_cases():
             (bf, 151936, 4, dict(per_row_t=True)), (bf, 151936, 3, dict(temperature=0.7)),
             (bf, 151936, 3, dict(row_stride=151937)), (bf, 1000, 5, dict(row_stride=1008)),
             (torch.float16, 50257, 4, dict(row_stride=50264, entropy=False)), (bf, 16000, 40, {}),
-            (bf, 262144, 2, {}), (torch.float32, 262144, 3, {}), (torch.float32, 151936, 40, dict(entropy=False))]
+            (bf, 262144, 2, {}), (torch.float32, 262144, 3, {}), (torch.float32, 151936, 40, dict(entropy=False)),
+            (bf, 393216, 2, {})]
     return out
 
 

@@ -327,3 +327,25 @@ def test_selected_logp_native_layout_follows_the_row_stride():
     assert native._slp_config(torch.empty(2, 151937, dtype=torch.bfloat16)[:, :151936], "sm90")[2] == 1
     assert native._slp_config(torch.empty(2, 4096, dtype=torch.float32), "sm90") == (1024, 8192, 4)
     assert native._slp_config(torch.empty(2, 151936, dtype=torch.float32), "sm90") == (1024, 4096, 4)
+
+
+def test_selected_logp_gate_cases_cover_every_native_kernel():
+    """The gate's cases reach every merge width (one chunk, 2 .. 32 lanes, two warps), both vector
+    widths and every option, in each dtype: no native variant goes unadmitted-but-selectable."""
+    from rlk_triton.ops import selected_logp as slp
+
+    seen = set()
+    for _, (logits, target, row_index, temperature, temps, _, entropy) in native._slp_cases("cpu"):
+        block_v, chunk_v, vec = native._slp_config(logits, "sm90")
+        chunks = slp.chunk_count(logits.shape[-1], chunk_v)
+        width = 1 if chunks == 1 else 1 << (chunks - 1).bit_length()
+        seen.add((logits.dtype, "merge", width))
+        seen.add((logits.dtype, "vec", vec))
+        seen.add((logits.dtype, "flags", entropy, row_index is not None, temps is not None))
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        widths = {w for d, kind, *rest in seen if d == dt and kind == "merge" for w in rest}
+        # float32's chunk is 4096 above V 8192: 3 chunks at least, so no 2-lane merge exists for it
+        assert ({1, 4, 8, 16, 32, 64} if dt == torch.float32 else {1, 2, 4, 8, 16, 32, 64}) <= widths, (dt, widths)
+        assert {(dt, "vec", 1), (dt, "vec", 16 // torch.empty(0, dtype=dt).element_size())} <= seen
+        for flags in ((False, False, False), (True, False, False), (True, False, True), (True, True, False)):
+            assert (dt, "flags", *flags) in seen, (dt, flags)
