@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 from rlk_triton.attention import attention_decode  # noqa: E402
 from rlk_triton.logp import selected_logp  # noqa: E402
+from rlk_triton.losses import policy_loss  # noqa: E402
 from rlk_triton.ops.embedding import embedding  # noqa: E402
 from rlk_triton.ops.matmul import matmul  # noqa: E402
 from rlk_triton.ops.rmsnorm import rms_norm  # noqa: E402
@@ -54,6 +55,13 @@ def calls():
     def rms_fwd_bwd():
         return torch.autograd.grad(rms_norm(xg, wg), (xg, wg), dy)
 
+    lp = torch.randn(256, 4096, generator=g).requires_grad_()
+    old_lp, adv = torch.randn(256, 4096, generator=g), torch.randn(256, 4096, generator=g)
+    active = torch.ones(256, 4096, dtype=torch.bool)
+
+    def policy_fwd_bwd():  # the shape; only the loss is differentiated
+        return torch.autograd.grad(policy_loss(lp, old_lp, adv, mask=active)[0], lp)
+
     return {
         "rms_norm fwd [8 x 4096]": lambda: rms_norm(x, w),
         "rms_norm fwd+bwd [8 x 4096]": rms_fwd_bwd,
@@ -63,6 +71,7 @@ def calls():
         "apply_rope 8 tokens, 32 + 8 heads": lambda: apply_rope(q, k, cos, sin, pos),
         "selected_logp [1 x 151936]": lambda: selected_logp(logits, target),
         "attention_decode 8 seqs x 1000 cached": lambda: attention_decode(q, kc, kc, bt, lens),
+        "policy_loss fwd+bwd [256 x 4096]": policy_fwd_bwd,
     }
 
 

@@ -521,3 +521,29 @@ def test_split_rows_path_gives_the_row_kernel_bits(aggregation, device, monkeypa
         runs.append((loss.detach(), per_token.detach(), torch.stack(list(diag.values())), x.grad))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+def test_an_unused_per_token_loss_costs_no_zeros_in_the_backward(device, monkeypatch):
+    """Only the loss gets a gradient: the backward receives no per-token gradient (None, so the kernel's
+    HAS_TOKEN_GRAD branch is off) instead of a materialized [B, T] of zeros, and the gradient is the
+    one a zero per-token gradient gives."""
+    from rlk_triton.ops import rl_losses
+
+    g = torch.Generator().manual_seed(11)
+    logp, old, adv = (torch.randn(3, 40, generator=g).to(device) for _ in range(3))
+    mask = torch.rand(3, 40, generator=g).to(device) > 0.2
+    seen, real = [], rl_losses.call_policy_loss_bwd
+
+    def spy(*args):
+        seen.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(rl_losses, "call_policy_loss_bwd", spy)
+    x = logp.clone().requires_grad_()
+    loss, per_token, _ = policy_loss(x, old, adv, mask=mask)
+    (alone,) = torch.autograd.grad(loss, x)
+    assert seen == [None]
+    x = logp.clone().requires_grad_()
+    loss, per_token, _ = policy_loss(x, old, adv, mask=mask)
+    (with_zero,) = torch.autograd.grad((loss, per_token), x, (torch.ones((), device=device), torch.zeros_like(per_token)))
+    assert seen[1] is not None and torch.equal(alone, with_zero)

@@ -730,6 +730,7 @@ def _policy_setup_context(ctx, inputs, output):
     _loss, _per_token, _diag, row_weight = output
     ctx.save_for_backward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp, row_weight)
     ctx.params = dict(zip(_POLICY_PARAMS, params))
+    ctx.set_materialize_grads(False)  # unused outputs (per-token loss, diagnostics) arrive as None, not as zeros
 
 
 def _policy_backward(ctx, grad_loss, grad_per_token, _grad_diag, _grad_row_weight):
