@@ -262,56 +262,93 @@ __global__ void __launch_bounds__(32) slp_chunk_kernel(Args a, int chunk_v) {
   }
 }
 
-// MERGE_ROWS rows per block, 4 warps; a row's CHUNKS lanes hold its chunk states (lane % CHUNKS =
-// chunk), 32 / CHUNKS rows per warp at a time.
+// ---- the merge: shared by the one-warp and two-warp layouts ----
+
+// Merge row block_row of the launch: the scored row it reads (rows past the end redo the last one and
+// are not stored), the row's chunk states at `chunk` (empty past the row's chunks).
+template <typename T, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+struct MergeRow {
+  int64_t block_row, pid;
+  bool ok, row_ok;
+  const T* row_ptr;
+  float inv_t, m_c, s_c, t_c;
+
+  __device__ __forceinline__ MergeRow(const Args& a, int64_t block_row_, int chunk) : block_row(block_row_) {
+    ok = block_row < a.n_rows;
+    pid = ok ? block_row : a.n_rows - 1;
+    row_ptr = row_start<T>(a, row_of<ROW_INDEX>(a, pid, row_ok));
+    inv_t = inv_temperature<PER_ROW_T>(a, pid);
+    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
+    const float* at = a.state + pid * a.n_chunks + chunk;
+    const bool have = chunk < a.n_chunks;
+    m_c = have ? at[0] : -CUDART_INF_F;
+    s_c = have ? at[plane] : 0.0f;
+    t_c = ENT && have ? at[2 * plane] : 0.0f;
+  }
+
+  // The row's results from its merged state (m, s, t), written by the one thread that calls it.
+  __device__ __forceinline__ void store(const Args& a, float m, float s, float t) const {
+    float logp, log_s, entropy;
+    row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
+    a.logp[block_row] = logp;
+    a.row_max[block_row] = m;
+    a.row_logsum[block_row] = log_s;
+    if (ENT) a.entropy[block_row] = entropy;
+  }
+};
+
+// Max over LANES lanes: butterflies LANES / 2 .. 1 (every lane gets it).
+template <int LANES>
+__device__ __forceinline__ float lanes_max(float v) {
+#pragma unroll
+  for (int d = LANES / 2; d >= 1; d >>= 1) v = fmaxf(v, shfl(v, d));
+  return v;
+}
+
+// Sum over LANES lanes of x * y with the first butterfly add contracted with the lane's own product,
+// fma(x, y, shfl(x * y, LANES / 2)), then adds at LANES / 4 .. 1 (Triton's PTX). That first step is
+// asymmetric: lanes below LANES / 2 and the others end with different sums.
+template <int LANES>
+__device__ __forceinline__ float lanes_sum_of_products(float x, float y) {
+  float v = __fmaf_rn(x, y, shfl(__fmul_rn(x, y), LANES / 2));
+#pragma unroll
+  for (int d = LANES / 4; d >= 1; d >>= 1) v = __fadd_rn(v, shfl(v, d));
+  return v;
+}
+
+// One merge of (m, s, t) over LANES lanes; COMBINE merges the partials of several warps (identity for
+// one warp). m's shift and the chunk weights beta as in the chunk kernel.
+template <int LANES, bool ENT, typename Row, typename Combine>
+__device__ __forceinline__ void merge_state(const Row& r, Combine combine, float& m, float& s, float& t) {
+  m = combine(lanes_max<LANES>(r.m_c), true);
+  const float shift = m == -CUDART_INF_F ? 0.0f : m;
+  const float d_c = __fsub_rn(r.m_c, shift);
+  const float beta = ex2_approx(__fmul_rn(d_c, LOG2E));
+  s = combine(lanes_sum_of_products<LANES>(beta, r.s_c), false);
+  t = 0.0f;
+  if constexpr (ENT) {
+    const float w = __fadd_rn(r.s_c > 0.0f ? __fmul_rn(d_c, r.s_c) : 0.0f, r.t_c);
+    t = combine(lanes_sum_of_products<LANES>(w, beta), false);
+  }
+}
+
+// 2 .. 32 chunks: MERGE_ROWS rows per block, 4 warps; a row's CHUNKS lanes hold its chunk states
+// (lane % CHUNKS = chunk), 32 / CHUNKS rows per warp at a time.
 template <typename T, int CHUNKS, int MERGE_ROWS, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
 __global__ void __launch_bounds__(128) slp_merge_kernel(Args a) {
   constexpr int ROWS_PER_PASS = 4 * 32 / CHUNKS;
   const int lane = threadIdx.x % CHUNKS;
 #pragma unroll  // (straight-line code: the emulator runs loops only with a uniform back edge)
   for (int base = 0; base < MERGE_ROWS; base += ROWS_PER_PASS) {
-    const int64_t block_row = (int64_t)blockIdx.x * MERGE_ROWS + base + threadIdx.x / CHUNKS;
-    const bool ok = block_row < a.n_rows;
-    const int64_t pid = ok ? block_row : a.n_rows - 1;  // lanes past the end redo the last row, unstored
-    bool row_ok;
-    const int64_t row = row_of<ROW_INDEX>(a, pid, row_ok);
-    const T* row_ptr = row_start<T>(a, row);
-    const float inv_t = inv_temperature<PER_ROW_T>(a, pid);
-    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
-    const float* at = a.state + pid * a.n_chunks + lane;
-    const bool have = lane < a.n_chunks;
-    const float m_c = have ? at[0] : -CUDART_INF_F;
-    const float s_c = have ? at[plane] : 0.0f;
-    const float t_c = ENT && have ? at[2 * plane] : 0.0f;
-    float m = m_c;
-#pragma unroll
-    for (int d = CHUNKS / 2; d >= 1; d >>= 1) m = fmaxf(m, shfl(m, d));
-    const float shift = m == -CUDART_INF_F ? 0.0f : m;
-    const float d_c = __fsub_rn(m_c, shift);
-    const float beta = ex2_approx(__fmul_rn(d_c, LOG2E));
-    // the first butterfly add contracted with the lane's own product (Triton's PTX)
-    float s = __fmaf_rn(beta, s_c, shfl(__fmul_rn(beta, s_c), CHUNKS / 2));
-#pragma unroll
-    for (int d = CHUNKS / 4; d >= 1; d >>= 1) s = __fadd_rn(s, shfl(s, d));
-    float t = 0.0f;
-    if constexpr (ENT) {
-      const float w = __fadd_rn(s_c > 0.0f ? __fmul_rn(d_c, s_c) : 0.0f, t_c);
-      t = __fmaf_rn(w, beta, shfl(__fmul_rn(w, beta), CHUNKS / 2));
-#pragma unroll
-      for (int d = CHUNKS / 4; d >= 1; d >>= 1) t = __fadd_rn(t, shfl(t, d));
-    }
-    // The first butterfly step is asymmetric (lane i has fma(own, shfl(i ^ CHUNKS / 2)'s product)), so
-    // a row's lanes hold two candidate sums. Triton's kernel writes every lane's copy to one shared
-    // address and stores what remains: the highest lane's on the GPU as the emulator models it (the
-    // last write wins), so the row's last lane stores here. The GPU gate checks this assumption.
-    if (lane == CHUNKS - 1 && ok) {
-      float logp, log_s, entropy;
-      row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
-      a.logp[block_row] = logp;
-      a.row_max[block_row] = m;
-      a.row_logsum[block_row] = log_s;
-      if (ENT) a.entropy[block_row] = entropy;
-    }
+    const MergeRow<T, ENT, ROW_INDEX, PER_ROW_T> r(a, (int64_t)blockIdx.x * MERGE_ROWS + base + threadIdx.x / CHUNKS,
+                                                   lane);
+    float m, s, t;
+    merge_state<CHUNKS, ENT>(r, [](float v, bool) { return v; }, m, s, t);
+    // The row's lanes hold two candidate sums (lanes_sum_of_products). Triton's kernel writes every
+    // lane's copy to one shared address and stores what remains: the highest lane's on the GPU as the
+    // emulator models it (the last write wins), so the row's last lane stores here. The GPU gate
+    // checks this assumption.
+    if (lane == CHUNKS - 1 && r.ok) r.store(a, m, s, t);
   }
 }
 
@@ -323,8 +360,7 @@ template <typename T, int MERGE_ROWS, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
 __global__ void __launch_bounds__(128) slp_merge64_kernel(Args a) {
   __shared__ float part[2][2];  // [row of the pass][warp half]
   const int lane = threadIdx.x & 31, half = (threadIdx.x >> 5) & 1, sub = threadIdx.x >> 6;
-  // one partial per warp half from lane 0, combined by op: the pass's two rows at once
-  auto combine = [&](float v, bool is_max) {
+  auto combine = [&](float v, bool is_max) {  // the pass's two rows at once
     if (lane == 0) part[sub][half] = v;
     __syncthreads();
     const float r = is_max ? fmaxf(part[sub][0], part[sub][1]) : __fadd_rn(part[sub][0], part[sub][1]);
@@ -333,47 +369,10 @@ __global__ void __launch_bounds__(128) slp_merge64_kernel(Args a) {
   };
 #pragma unroll  // (straight-line code: the emulator runs loops only with a uniform back edge)
   for (int base = 0; base < MERGE_ROWS; base += 2) {
-    const int64_t block_row = (int64_t)blockIdx.x * MERGE_ROWS + base + sub;
-    const bool ok = block_row < a.n_rows;
-    const int64_t pid = ok ? block_row : a.n_rows - 1;
-    bool row_ok;
-    const int64_t row = row_of<ROW_INDEX>(a, pid, row_ok);
-    const T* row_ptr = row_start<T>(a, row);
-    const float inv_t = inv_temperature<PER_ROW_T>(a, pid);
-    const int64_t plane = (int64_t)a.n_rows * a.n_chunks;
-    const int chunk = half * 32 + lane;
-    const float* at = a.state + pid * a.n_chunks + chunk;
-    const bool have = chunk < a.n_chunks;
-    const float m_c = have ? at[0] : -CUDART_INF_F;
-    const float s_c = have ? at[plane] : 0.0f;
-    const float t_c = ENT && have ? at[2 * plane] : 0.0f;
-    float m = m_c;
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, shfl(m, d));
-    m = combine(m, true);
-    const float shift = m == -CUDART_INF_F ? 0.0f : m;
-    const float d_c = __fsub_rn(m_c, shift);
-    const float beta = ex2_approx(__fmul_rn(d_c, LOG2E));
-    float s = __fmaf_rn(beta, s_c, shfl(__fmul_rn(beta, s_c), 16));
-#pragma unroll
-    for (int d = 8; d >= 1; d >>= 1) s = __fadd_rn(s, shfl(s, d));
-    s = combine(s, false);
-    float t = 0.0f;
-    if constexpr (ENT) {
-      const float w = __fadd_rn(s_c > 0.0f ? __fmul_rn(d_c, s_c) : 0.0f, t_c);
-      t = __fmaf_rn(w, beta, shfl(__fmul_rn(w, beta), 16));
-#pragma unroll
-      for (int d = 8; d >= 1; d >>= 1) t = __fadd_rn(t, shfl(t, d));
-      t = combine(t, false);
-    }
-    if (threadIdx.x % 64 == 0 && ok) {  // every thread of the row holds the same results
-      float logp, log_s, entropy;
-      row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
-      a.logp[block_row] = logp;
-      a.row_max[block_row] = m;
-      a.row_logsum[block_row] = log_s;
-      if (ENT) a.entropy[block_row] = entropy;
-    }
+    const MergeRow<T, ENT, ROW_INDEX, PER_ROW_T> r(a, (int64_t)blockIdx.x * MERGE_ROWS + base + sub, half * 32 + lane);
+    float m, s, t;
+    merge_state<32, ENT>(r, combine, m, s, t);
+    if (threadIdx.x % 64 == 0 && r.ok) r.store(a, m, s, t);  // every thread of the row holds the results
   }
 }
 

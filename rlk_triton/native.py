@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -401,6 +402,21 @@ def unavailable_reason(op: str, device="cuda") -> Optional[str]:
     if missing:
         return f"sources not installed ({', '.join(missing)} under {NATIVE_DIR}): use a source checkout"
     return None
+
+
+def compile_ptx(source: str) -> str:
+    """The sm_90a PTX of native/<source> with the build's flags: what the order checks run in
+    scripts/ptx_emulator.py without a GPU (tests/test_native*_order.py, scripts/native_ptx_compare.py).
+    NativeUnavailable without nvcc."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise NativeUnavailable("no nvcc (CUDA_HOME / PATH)")
+    flags = [f for f in BUILD_FLAGS if not f.startswith("-gencode")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "k.ptx"
+        subprocess.run([nvcc, *flags, "-arch=sm_90a", "-ptx", str(NATIVE_DIR / source), "-o", str(out)],
+                       check=True, capture_output=True, timeout=900)
+        return out.read_text()
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,20 +48,6 @@ def f2u(v: float) -> int:
     return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
-def entry(module: str, name: str = "") -> str:
-    names = [n for n in re.findall(r"\.entry (\w+)\(", module) if name in n]
-    assert len(names) == 1, (name, names[:4])
-    i = module.index(".entry " + names[0])
-    return ".visible " + module[i:module.index("\n}\n", i) + 3]
-
-
-def native_ptx(source: str) -> str:
-    flags = [f for f in native.BUILD_FLAGS if not f.startswith("-gencode")]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "k.ptx"
-        subprocess.run(["nvcc", *flags, "-arch=sm_90a", "-ptx", str(native.NATIVE_DIR / source),
-                        "-o", str(out)], check=True, capture_output=True, timeout=900)
-        return out.read_text()
 
 
 def sass_ffma(ptx: str):
@@ -165,7 +151,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
     tptx, (block, warps, rows) = triton_rmsnorm_ptx(dtype, H, x_stride, r_stride or x_stride, fused, N)
     tptx = as_ptxas_compiles(tptx)
     floats = [f2u(float(H)), f2u(eps), f2u(offset)]
-    want = run(entry(tptx), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra if fused else xa,
+    want = run(emu.entry(tptx), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra if fused else xa,
                                                             r_stride if fused else x_stride, wa, ya, oa if fused else ya,
                                                             sa] + ([N] if rows > 1 else []) + [H] + floats + [0, 0],
                32 * warps, rows)
@@ -174,7 +160,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
     wide = min(16 // x.element_size(), E)
     full = H == block_n and vec == wide and x_stride % vec == 0 and (not fused or r_stride % vec == 0)
     name = f"rms_norm_fwd_kernelI{TYPE[dtype]}Li{E}ELi{vec}ELi{warps_n}ELi{rows_n}ELb{int(full)}ELb{int(fused)}EE"
-    got = run(entry(module, name), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra, r_stride or 0, wa, ya, oa, sa, N, H]
+    got = run(emu.entry(module, name), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra, r_stride or 0, wa, ya, oa, sa, N, H]
               + floats, 32 * warps_n, rows_n)
     same = {}
     for label, a, b in zip(("y", "residual_out", "rstd"), want, got):
@@ -269,7 +255,7 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
               total_rows, 0, 0]
     for kernel in ("chunk", "merge") if n_chunks > 1 else ("chunk",):
         ptx, warps = triton_slp_ptx(kernel, dtype, V, n, row_stride, total_rows, flags)
-        code = entry(as_ptxas_compiles(ptx))
+        code = emu.entry(as_ptxas_compiles(ptx))
         for cta in ([(r, c) for r in range(n) for c in range(n_chunks)] if kernel == "chunk"
                     else range(-(-n // slp.MERGE_ROWS))):
             emu.run_cta(code, 32 * warps, params, mem.buf, cta)
@@ -282,12 +268,12 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
                        V, -100, n, n_chunks, total_rows, 0, 0)
     names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
     tail = f"Lb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}E"
-    chunk = entry(module, f"slp_chunk_kernelI{names[dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EEEvNS_4ArgsEi")
+    chunk = emu.entry(module, f"slp_chunk_kernelI{names[dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EEEvNS_4ArgsEi")
     for r in range(n):
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem.buf, (r, c))
     if n_chunks > 1:
-        merge = entry(module, f"slp_merge64_kernelI{names[dtype]}Li32E{tail}EEvNS_4ArgsE" if n_chunks > 32 else
+        merge = emu.entry(module, f"slp_merge64_kernelI{names[dtype]}Li32E{tail}EEvNS_4ArgsE" if n_chunks > 32 else
                       f"slp_merge_kernelI{names[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem.buf, b)
@@ -327,7 +313,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
               (-100) & 0xFFFFFFFF, total_rows, 0, 0]
     ptx, _ = compile_triton_bwd(dtype, V, n, row_stride, total_rows,
                                 dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY_GRAD=entropy))
-    code = entry(as_ptxas_compiles(ptx))
+    code = emu.entry(as_ptxas_compiles(ptx))
     for r in range(n):
         for tile in range(-(-V // cfg.block_v)):
             emu.run_cta(code, 32 * cfg.num_warps, params, mem.buf, (r, tile))
@@ -339,7 +325,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
                        temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,
                        0, 0)
     names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
-    code = entry(module, f"slp_bwd_kernelI{names[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
+    code = emu.entry(module, f"slp_bwd_kernelI{names[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
     for r in range(n):
         for b in range(-(-V // (vec * 256))):
             emu.run_cta(code, 256, [args], mem.buf, (r, b))
@@ -404,10 +390,10 @@ def main():
               "nvcc_flags": list(native.BUILD_FLAGS), "ops": {}}
     for op in args.op:
         if op == "rmsnorm":
-            module = native_ptx("rmsnorm_kernels.cu")
+            module = native.compile_ptx("rmsnorm_kernels.cu")
             runs = [lambda case=case, i=i: rmsnorm_case(module, *case, seed=i) for i, case in enumerate(rmsnorm_cases())]
         else:
-            module = native_ptx("selected_logp_kernels.cu")
+            module = native.compile_ptx("selected_logp_kernels.cu")
             runs = [lambda case=case, i=i: slp_case(module, case[0], case[1], case[2], seed=i, **case[3])
                     for i, case in enumerate(slp_cases())]
             runs += [lambda case=case, i=i: dict(slp_bwd_case(module, case[0], case[1], case[2], seed=i, **case[3]),

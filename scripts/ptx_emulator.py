@@ -585,6 +585,14 @@ def _contract(lines, divisions):
     return lines, count
 
 
+def entry(module: str, key: str = "") -> str:
+    """The one kernel of a PTX module whose entry name contains key, as run_cta takes it."""
+    names = [n for n in re.findall(r"\.entry (\w+)\(", module) if key in n]
+    assert len(names) == 1, (key, names[:6])
+    i = module.index(".entry " + names[0])
+    return ".visible " + module[i:module.index("\n}\n", i) + 3]
+
+
 def run_cta(ptx, nthreads, params, gmem, ctaid):
     c = CTA(ptx, nthreads, params, gmem, ctaid)
     c.ops, c.stores, c.poisoned = [], [], False

@@ -2,10 +2,7 @@
 of the file runs in scripts/ptx_emulator.py and every rstd and y bit is compared with a NumPy float32
 model of the order docs/native.md states (Triton 3.6's, as its PTX and the H200 gate showed). A change
 to the file's arithmetic order fails here, in CI, before the GPU gate would refuse it."""
-import re
-import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,20 +13,16 @@ import torch
 from rlk_triton import native
 
 ROOT = Path(__file__).resolve().parents[1]
-NVCC = shutil.which("nvcc") or next((str(p) for p in Path("/usr/local").glob("cuda*/bin/nvcc")), None)
 F = np.float32
 TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
 
 
 @pytest.fixture(scope="module")
-def ptx(tmp_path_factory):
-    if NVCC is None:
-        pytest.skip("no nvcc on this machine")
-    out = tmp_path_factory.mktemp("ptx") / "rmsnorm.ptx"
-    flags = [f for f in native.BUILD_FLAGS if not f.startswith("-gencode")]
-    subprocess.run([NVCC, *flags, "-arch=sm_90a", "-ptx", str(ROOT / "native" / "rmsnorm_kernels.cu"), "-o", str(out)],
-                   check=True, capture_output=True, timeout=600)
-    return out.read_text()
+def ptx():
+    try:
+        return native.compile_ptx("rmsnorm_kernels.cu")
+    except native.NativeUnavailable as ex:
+        pytest.skip(str(ex))
 
 
 def _emulator():
@@ -38,12 +31,6 @@ def _emulator():
 
     return ptx_emulator
 
-
-def _entry(module: str, key: str) -> str:
-    names = [n for n in re.findall(r"\.entry (\w+)\(", module) if key in n]
-    assert len(names) == 1, (key, names)
-    i = module.index(".entry " + names[0])
-    return ".visible " + module[i:module.index("\n}\n", i) + 3]
 
 
 def _f2u(x: float) -> int:
@@ -121,7 +108,7 @@ def emulate(module, x, w, eps, offset, residual=None):
     wide = min(16 // esz, E)
     full = H == block and vec == wide and x.stride(0) % vec == 0 and (residual is None or residual.stride(0) % vec == 0)
     res = int(residual is not None)
-    entry = _entry(module, f"rms_norm_fwd_kernelI{TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}ELb{int(full)}ELb{res}EE")
+    entry = _emulator().entry(module, f"rms_norm_fwd_kernelI{TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}ELb{int(full)}ELb{res}EE")
     r_stride = residual.stride(0) if residual is not None else 0
     for b in range(-(-N // rows)):
         emu.run_cta(entry, 32 * warps, [xa, x.stride(0), ra, r_stride, wa, ya, oa, sa, N, H, _f2u(float(H)),

@@ -6,10 +6,7 @@ installed). A change to the file's arithmetic order fails here, in CI. The appro
 (ex2.approx, rcp.approx) are the emulator's models on both sides: this checks the order, the GPU gate
 the hardware's bits."""
 import math
-import re
-import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +17,6 @@ import torch
 from rlk_triton import native
 
 ROOT = Path(__file__).resolve().parents[1]
-NVCC = shutil.which("nvcc") or next((str(p) for p in Path("/usr/local").glob("cuda*/bin/nvcc")), None)
 F = np.float32
 LOG2E, LN2 = F(1.4426950408889634), F(0.6931471805599453)
 TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
@@ -34,21 +30,12 @@ def _emulator():
 
 
 @pytest.fixture(scope="module")
-def ptx(tmp_path_factory):
-    if NVCC is None:
-        pytest.skip("no nvcc on this machine")
-    out = tmp_path_factory.mktemp("ptx") / "slp.ptx"
-    flags = [f for f in native.BUILD_FLAGS if not f.startswith("-gencode")]
-    subprocess.run([NVCC, *flags, "-arch=sm_90a", "-ptx", str(ROOT / "native" / "selected_logp_kernels.cu"), "-o",
-                    str(out)], check=True, capture_output=True, timeout=900)
-    return out.read_text()
+def ptx():
+    try:
+        return native.compile_ptx("selected_logp_kernels.cu")
+    except native.NativeUnavailable as ex:
+        pytest.skip(str(ex))
 
-
-def _entry(module: str, key: str) -> str:
-    names = [n for n in re.findall(r"\.entry (\w+)\(", module) if key in n]
-    assert len(names) == 1, (key, names)
-    i = module.index(".entry " + names[0])
-    return ".visible " + module[i:module.index("\n}\n", i) + 3]
 
 
 # ---- the model ----
@@ -221,12 +208,12 @@ def emulate(module, logits, target, inv_t_source, entropy):
     args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, logits.stride(0), 0, 1, ta, 0, 0, inv_t_source, outs[0],
                        outs[1] if entropy else 0, outs[2], outs[3], st, V, -100, n, n_chunks, n, 0, 0)
     tail = f"Lb{int(entropy)}ELb0ELb0E"
-    chunk = _entry(module, f"slp_chunk_kernelI{TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
+    chunk = _emulator().entry(module, f"slp_chunk_kernelI{TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
     for r in range(n):
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem, (r, c))
     if n_chunks > 1:
-        merge = _entry(module, f"slp_merge64_kernelI{TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
+        merge = _emulator().entry(module, f"slp_merge64_kernelI{TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
                        f"slp_merge_kernelI{TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem, b)
@@ -300,7 +287,7 @@ def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx,
     oa = put(torch.zeros(n * V, dtype=dtype))
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, V, ta, 0, 0, 0.7, ma, sa, ea if entropy else 0, gla,
                        gea if entropy else 0, oa, V, -100, n, 0, 0)
-    code = _entry(ptx, f"slp_bwd_kernelI{TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
+    code = _emulator().entry(ptx, f"slp_bwd_kernelI{TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
     for r in range(n):
         for b in range(-(-V // (vec * 256))):
             emu.run_cta(code, 256, [args], mem, (r, b))
