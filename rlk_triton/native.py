@@ -58,11 +58,11 @@ def _rmsnorm_config(x, arch=None, residual=None):
     rule: the rows kernel with the residual, H not a multiple of 16 and a row stride that is one.
     There Triton 3.6 reduces each row twice in two layouts and scales y by the other sum's rstd (its
     PTX has two sqrt per row; y differs from the native kernel's by an ulp in the emulator), so the
-    native kernel refuses the call. Found by compiling the kernels for
-    sm90 with the JIT's specialization and running their PTX beside the native kernel's in
-    scripts/ptx_emulator.py, for 16-byte aligned x, residual and weight only: the native kernel
-    refuses other pointers. rows: the rows kernel's rows per program (the native kernel's rows per
-    block, speed only). arch: the config table to read (default: x's device's)."""
+    native kernel refuses the call. Found by compiling the kernels for sm90 with the JIT's
+    specialization and running their PTX beside the native kernel's in scripts/ptx_emulator.py
+    (scripts/native_ptx_compare.py), for 16-byte aligned x, residual and weight only: the native
+    kernel refuses other pointers. rows: the rows kernel's rows per program (the native kernel's rows
+    per block, speed only). arch: the config table to read (default: x's device's)."""
     from ._runtime import arch_of
 
     res_16 = None if residual is None else residual.stride(0) % 16 == 0
@@ -140,7 +140,7 @@ def _rmsnorm_cases(device) -> list:
     return out
 
 
-# ---- selected_logp forward ----
+# ---- selected_logp forward and backward ----
 
 def _slp_config(logits, arch=None):
     """(BLOCK_V, CHUNK_V, vec) of the Triton launch for [rows, V] logits: the native layout. vec is
