@@ -51,7 +51,7 @@ def main():
         print(op, {k: v for k, v in gates[op].items() if k != "mismatches"}, gates[op]["mismatches"][:20], flush=True)
     gate = gates["rmsnorm"]
     rows = []
-    report = {"what": "native/ rms_norm forward (with and without the residual) and selected_logp forward: the "
+    report = {"what": "native/ rms_norm forward (with and without the residual), selected_logp forward and backward: the "
                       "gates, then native against Triton, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "gates": gates, "records": records,
@@ -83,20 +83,10 @@ def main():
         if gate["admitted"]:
             calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
                                                                         backend="cuda_native")
-        device = {name: [] for name in calls}
-        for _ in range(3):  # in turn, so that clocks and temperature drift hit every call alike
-            for name, fn in calls.items():
-                device[name].append(bench.graph_ms(fn))
-        for name, fn in calls.items():
-            got = fn()
-            got = got if isinstance(got, (tuple, list)) else (got,)
-            # y, and residual_out when fused (the bare call returns (y, residual_out, rstd) always)
-            outs = (got[0], got[1]) if fused else (got[0],)
-            rows.append({"op": "rms_norm fwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
-                         "backend": name, "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
-                         "device_ms_each": device[name],
-                         "bitwise": all(native.same_bits(a, b) for a, b in zip(outs, want))})
-            print(rows[-1], flush=True)
+        # y, and residual_out when fused (the bare call returns (y, residual_out, rstd) always)
+        time_calls(rows, calls, lambda name, got: {
+            "op": "rms_norm fwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
+            "bitwise": all(native.same_bits(a, b) for a, b in zip(got[:2] if fused else got[:1], want))})
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
@@ -108,7 +98,6 @@ def selected_logp_rows(rows, admitted, g):
     """Decode-sized selected_logp (1 / 8 / 64 rows of a 151936 vocab, bf16, with and without entropy)
     and a training-sized one: the Triton and native launches, the bare binding, the public calls."""
     from rlk_triton.logp import selected_logp
-
     from rlk_triton.ops import selected_logp as slp
 
     ext = native.load("selected_logp")
@@ -133,20 +122,27 @@ def selected_logp_rows(rows, admitted, g):
         if admitted:
             calls["selected_logp(backend='cuda_native')"] = lambda: selected_logp(
                 logits, t, return_entropy=entropy, validate=False, backend="cuda_native")
-        device = {name: [] for name in calls}
-        for _ in range(3):
-            for name, fn in calls.items():
-                device[name].append(bench.graph_ms(fn))
+        time_calls(rows, calls, lambda name, got: {
+            "op": "selected_logp " + ("bwd" if "backward" in name else "fwd") + (" + entropy" if entropy else ""),
+            "shape": f"{N} x 151936 bf16",
+            "bitwise": all(native.same_bits(a, b) for a, b in zip(got, (grad,) if "backward" in name else want)
+                           if a.numel())})
+
+
+def time_calls(rows, calls, describe):
+    """A row per call: device time (the median of three CUDA-graph measurements, taken in turn with the
+    shape's other calls so that clocks and temperature drift hit every call alike), wall time per call
+    from the host, and describe(name, outputs)'s fields (op, shape, bitwise)."""
+    device = {name: [] for name in calls}
+    for _ in range(3):
         for name, fn in calls.items():
-            got = fn()
-            got = got if isinstance(got, (tuple, list)) else (got,)
-            ref = (grad,) if "backward" in name else want[:len(got)]
-            same = all(native.same_bits(a, b) for a, b in zip(got, ref) if a.numel())
-            rows.append({"op": "selected_logp " + ("bwd" if "backward" in name else "fwd") + (" + entropy" if entropy else ""),
-                         "shape": f"{N} x 151936 bf16",
-                         "backend": name, "wall_ms": bench.wall_ms(fn), "device_ms": statistics.median(device[name]),
-                         "device_ms_each": device[name], "bitwise": same})
-            print(rows[-1], flush=True)
+            device[name].append(bench.graph_ms(fn))
+    for name, fn in calls.items():
+        got = fn()
+        got = got if isinstance(got, (tuple, list)) else (got,)
+        rows.append(dict(describe(name, got), backend=name, wall_ms=bench.wall_ms(fn),
+                         device_ms=statistics.median(device[name]), device_ms_each=device[name]))
+        print(rows[-1], flush=True)
 
 
 if __name__ == "__main__":
