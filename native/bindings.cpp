@@ -9,6 +9,10 @@ extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, 
                                 int64_t res_row_stride, const void* w, void* y, void* res_out, float* rstd,
                                 int64_t N, int H, int block_h, int num_warps, int vec, int rows,
                                 float eps, float weight_offset, void* stream);
+extern "C" int rlk_rms_norm_bwd(int dtype, const void* g, const void* grad_res, const void* h, int64_t h_row_stride,
+                                const void* w, const float* rstd, void* dx, void* dres, float* partial, void* dw,
+                                int64_t N, int H, int block_h, int num_warps, int rows_per_block, float weight_offset,
+                                void* stream);
 
 static int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -49,6 +53,43 @@ std::vector<at::Tensor> rms_norm_fwd(const at::Tensor& x, const std::optional<at
   return {y, res_out, rstd};
 }
 
+// (dx, dw, d residual): launch_backward's outputs (dw and d residual empty unless asked for).
+std::vector<at::Tensor> rms_norm_bwd(const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_res,
+                                     const at::Tensor& h, const at::Tensor& weight, const at::Tensor& rstd,
+                                     double weight_offset, bool with_dw, bool with_dres, int64_t block_h,
+                                     int64_t num_warps, int64_t rows_per_block, int64_t stream) {
+  TORCH_CHECK(h.is_cuda() && h.dim() == 2 && h.stride(1) == 1, "rlk native rms_norm: h must be [N, H] on CUDA, unit "
+              "stride along H");
+  const int64_t N = h.size(0), H = h.size(1);
+  TORCH_CHECK(grad_y.is_cuda() && grad_y.is_contiguous() && grad_y.sizes() == h.sizes() &&
+              grad_y.scalar_type() == h.scalar_type(), "rlk native rms_norm: grad_y must be h's shape and dtype, contiguous");
+  const at::Tensor* gr = grad_res.has_value() ? &grad_res.value() : nullptr;
+  if (gr) {
+    TORCH_CHECK(gr->is_cuda() && gr->is_contiguous() && gr->sizes() == h.sizes() && gr->scalar_type() == h.scalar_type(),
+                "rlk native rms_norm: grad_residual must be h's shape and dtype, contiguous");
+  }
+  TORCH_CHECK(weight.is_cuda() && weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == H &&
+              weight.scalar_type() == h.scalar_type(), "rlk native rms_norm: weight must be [H], h's dtype, contiguous");
+  TORCH_CHECK(rstd.is_cuda() && rstd.scalar_type() == at::kFloat && rstd.is_contiguous() && rstd.numel() == N,
+              "rlk native rms_norm: rstd must be float32 [N], contiguous");
+  auto dx = at::empty({N, H}, h.options());
+  auto dres = at::empty({with_dres ? N : 0, with_dres ? H : 0}, h.options());
+  auto dw = with_dw ? (N == 0 ? at::zeros_like(weight) : at::empty_like(weight)) : at::empty({0}, weight.options());
+  const int64_t n_blocks = rows_per_block > 0 ? (N + rows_per_block - 1) / rows_per_block : 0;
+  auto partial = at::empty({with_dw ? n_blocks : 0, with_dw ? H : 0}, h.options().dtype(at::kFloat));
+  const int rc = rlk_rms_norm_bwd(dtype_code(h), grad_y.data_ptr(), gr ? gr->data_ptr() : nullptr, h.data_ptr(),
+                                  h.stride(0), weight.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                  with_dres ? dres.data_ptr() : nullptr, with_dw ? partial.data_ptr<float>() : nullptr,
+                                  with_dw ? dw.data_ptr() : nullptr, N, (int)H, (int)block_h, (int)num_warps,
+                                  (int)rows_per_block, (float)weight_offset, reinterpret_cast<void*>(stream));
+  TORCH_CHECK(rc != 1, "rlk native rms_norm: no backward kernel for block_h ", block_h, " with ", num_warps,
+              " warps and ", rows_per_block, " rows per dW partial, or grad_y / grad_residual / h / weight not "
+              "16-byte aligned");
+  TORCH_CHECK(rc == 0, "rlk native rms_norm: CUDA launch failed");
+  return {dx, dw, dres};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_fwd", &rms_norm_fwd, "rms_norm forward with an optional fused residual add (the Triton kernel's order)");
+  m.def("rms_norm_bwd", &rms_norm_bwd, "rms_norm backward: dx, dW through fixed row-block partials (the Triton kernels' order)");
 }

@@ -162,6 +162,30 @@ __device__ __forceinline__ bool aligned_for(const T* p, int vec) {
   return reinterpret_cast<uintptr_t>(p) % (vec * sizeof(T)) == 0;
 }
 
+// The row kernels' blocked layout: E registers per thread in CHUNKS vectors of VEC lanes; register
+// r = c * VEC + j of thread t holds lane c * VEC * THREADS + t * VEC + j. Rows travel as WORDS packed words.
+template <typename T, int E, int VEC, int WARPS>
+struct RowLayout {
+  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  static constexpr int THREADS = WARPS * 32, CHUNKS = E / VEC;
+  static constexpr int WORDS = (E + Bits<T>::per_word - 1) / Bits<T>::per_word;
+  static constexpr int VWORDS = (VEC + Bits<T>::per_word - 1) / Bits<T>::per_word;
+};
+
+// The full vector: 16 bytes' worth of lanes, at most E.
+template <typename T, int E>
+constexpr int full_vec() { return 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E; }
+
+// Step 3: the warps' lane-0 sums, read back from shared memory, in butterfly adds WARPS / 2 .. 1 (every
+// lane gets lane 0's result).
+template <int WARPS>
+__device__ __forceinline__ float across_warps(const float* warp_sums, int t) {
+  float s = warp_sums[(t & 31) % WARPS];
+#pragma unroll
+  for (int d = WARPS / 2; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+  return s;
+}
+
 // Step 1 for E >= 2: the sum of squares of a thread's registers, chained in register order.
 template <typename T, int E>
 __device__ __forceinline__ float chain_squares(const unsigned* raw) {
@@ -178,11 +202,8 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
     const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ r, int64_t r_row_stride,
     const T* __restrict__ w, T* __restrict__ y, T* __restrict__ res_out,
     float* __restrict__ rstd_out, int64_t N, int H, float h_count, float eps, float weight_offset) {
-  constexpr int THREADS = WARPS * 32;
-  constexpr int CHUNKS = E / VEC;  // register r = c * VEC + j holds lane c * VEC * THREADS + t * VEC + j
-  constexpr int WORDS = (E + Bits<T>::per_word - 1) / Bits<T>::per_word;
-  constexpr int VWORDS = (VEC + Bits<T>::per_word - 1) / Bits<T>::per_word;
-  static_assert(E % VEC == 0, "a thread holds whole vectors");
+  using L = RowLayout<T, E, VEC, WARPS>;
+  constexpr int THREADS = L::THREADS, CHUNKS = L::CHUNKS, WORDS = L::WORDS, VWORDS = L::VWORDS;
   const int t = threadIdx.x;
   const int64_t row0 = (int64_t)blockIdx.x * ROWS;
   unsigned h[ROWS][WORDS];  // the rows' raw bits
@@ -243,9 +264,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
   float rstd[ROWS];
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
-    float s = warp_sums[i][(t & 31) % WARPS];
-#pragma unroll
-    for (int d = WARPS / 2; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+    const float s = across_warps<WARPS>(warp_sums[i], t);
     rstd[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, h_count), eps)));
   }
   // The weight after the sums, as Triton (fewer live registers), one vector at a time for all rows.
@@ -310,7 +329,7 @@ int launch_res(const FwdArgs& a, int rows) {
 // stride is a multiple of 16).
 template <typename T, int E, int WARPS>
 int launch_vec(const FwdArgs& a, int vec, int rows) {
-  constexpr int WIDE = 16 / (int)sizeof(T) < E ? 16 / (int)sizeof(T) : E;
+  constexpr int WIDE = full_vec<T, E>();
   if (vec == WIDE) {
     // FULL: every lane of the tile is in the row and every row start is vector-aligned (x and the
     // residual are; res_out and y are [N, H] with H the tile)
@@ -337,6 +356,207 @@ int launch_dtype(const FwdArgs& a, int block_h, int num_warps, int vec, int rows
   return 1;  // not a layout this kernel has
 }
 
+
+// ---- backward: _bwd_kernel's one-tile path and _dw_reduce_kernel ----
+// The order, again Triton 3.6's sm90 PTX (scripts/native_ptx_compare.py checks it):
+//   layout: the forward's blocked layout with the full VEC (16 bytes, at most E lanes) for every H and
+//     row stride (Triton keeps it where it falls back to scalar accesses);
+//   per row: w' = offset + w, gw = w' * g, xhat = rstd * h; p = fma(gw, xhat, +0) (the fold of
+//     reduction.fold_products into a zero tile, contracted by LLVM); per thread a chain in register
+//     order, acc = p0 + p1, then acc = p_r + acc; steps 2-3 of the forward (warp butterfly 16 .. 1,
+//     lane 0 of each warp through shared memory, butterfly WARPS / 2 .. 1); c = sum / H (IEEE div);
+//     dh = fma(-xhat, c, gw) * rstd, or fma(fma(-xhat, c, gw), rstd, d residual_out) (contracted by LLVM);
+//   dW partial of a block of R rows (the locked "rmsnorm_dw_rows"): per lane, dw = fma(xhat, g, dw)
+//     over the block's rows in increasing order, from +0; stored as the block's fp32 row.
+// The partial rows are then summed by rms_norm_dw_reduce_kernel (below).
+template <typename T, int E, int VEC, int WARPS, bool FULL, bool GRES>
+__global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
+    const T* __restrict__ g, const T* __restrict__ gres, const T* __restrict__ h, int64_t h_row_stride,
+    const T* __restrict__ w, const float* __restrict__ rstd, T* __restrict__ dx, T* __restrict__ dres,
+    float* __restrict__ partial, int64_t N, int H, float h_count, float weight_offset, int rows_per_block,
+    bool with_dw, bool with_dres) {
+  using L = RowLayout<T, E, VEC, WARPS>;
+  constexpr int THREADS = L::THREADS, CHUNKS = L::CHUNKS, WORDS = L::WORDS, VWORDS = L::VWORDS;
+  const int t = threadIdx.x;
+  const int64_t row0 = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t row_end = row0 + rows_per_block < N ? row0 + rows_per_block : N;
+  float wk[E], dw[E];
+  {
+    unsigned wb[WORDS];
+    const bool w_ok = aligned_for(w, VEC);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL>(w, c * VEC * THREADS + t * VEC, H, w_ok, wb, c * VEC);
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      wk[k] = __fadd_rn(weight_offset, elem_f32<T>(wb, k));
+      dw[k] = 0.0f;
+    }
+  }
+  __shared__ float warp_sums[2][WARPS];  // two rows' buffers: one barrier per row
+  for (int64_t row = row0; row < row_end; ++row) {
+    unsigned hb[WORDS], gb[WORDS], rb[GRES ? WORDS : 1];
+    const T* hr = h + row * h_row_stride;
+    const T* gr = g + row * (int64_t)H;
+    const bool h_ok = FULL || aligned_for(hr, VEC), g_ok = FULL || aligned_for(gr, VEC);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int lane0 = c * VEC * THREADS + t * VEC;
+      load_lanes<T, VEC, FULL, true>(hr, lane0, H, h_ok, hb, c * VEC);
+      load_lanes<T, VEC, FULL, true>(gr, lane0, H, g_ok, gb, c * VEC);
+      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(gres + row * (int64_t)H, lane0, H, g_ok, rb, c * VEC);
+    }
+    const float r = rstd[row];
+    float xhat[E], gw[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      xhat[k] = __fmul_rn(r, elem_f32<T>(hb, k));
+      gw[k] = __fmul_rn(wk[k], elem_f32<T>(gb, k));
+    }
+    float s = __fmaf_rn(gw[0], xhat[0], 0.0f);
+    if constexpr (E > 1) {
+      s = __fadd_rn(s, __fmaf_rn(gw[1], xhat[1], 0.0f));
+#pragma unroll
+      for (int k = 2; k < E; ++k) s = __fadd_rn(__fmaf_rn(gw[k], xhat[k], 0.0f), s);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
+    float* sums = warp_sums[(row - row0) & 1];
+    if ((t & 31) == 0) sums[t >> 5] = s;
+    __syncthreads();
+    s = across_warps<WARPS>(sums, t);
+    const float c_mean = __fdiv_rn(s, h_count);
+    T* dxr = dx + row * (int64_t)H;
+    T* drr = dres + row * (int64_t)H;
+    const bool dx_ok = FULL || aligned_for(dxr, VEC);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      unsigned b[VWORDS];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int k = c * VEC + j;
+        float dh = __fmaf_rn(-xhat[k], c_mean, gw[k]);
+        if constexpr (GRES) dh = __fmaf_rn(dh, r, elem_f32<T>(rb, k));
+        else dh = __fmul_rn(dh, r);
+        set_elem<T>(b, j, from_f32(T(), dh));
+      }
+      const int lane0 = c * VEC * THREADS + t * VEC;
+      store_lanes<T, VEC, FULL>(dxr, lane0, H, dx_ok, b);
+      if (with_dres) store_lanes<T, VEC, FULL>(drr, lane0, H, dx_ok, b);
+    }
+    if (with_dw) {
+#pragma unroll
+      for (int k = 0; k < E; ++k) dw[k] = __fmaf_rn(xhat[k], elem_f32<T>(gb, k), dw[k]);
+    }
+  }
+  if (with_dw) {
+    float* part = partial + (int64_t)blockIdx.x * H;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int lane = c * VEC * THREADS + t * VEC + j;
+        if (lane < H) part[lane] = dw[c * VEC + j];
+      }
+  }
+}
+
+// dW = the sum of the blocks' partial rows: _dw_reduce_kernel with the locked "rmsnorm_dw_reduce"
+// (128 partials per lane tile, 4 warps) and 16 columns per block. Its layout (Triton 3.6's sm90 PTX):
+// CV columns per thread, 4 when H is a multiple of 16 (the JIT's divisibility: 16-byte rows), else 1;
+// TC = 16 / CV threads across the columns, so a warp spans TR = 32 / TC partial rows and the 4 warps
+// RT = 4 * TR; thread (warp, lane) owns partial rows b = warp * TR + lane / TC + s * RT, s = 0 .. S - 1
+// (S = 128 / RT) of every group of 128. Order:
+//   1. acc[s] += partial[group * 128 + b] for the groups in increasing order (+0 past the last row);
+//   2. per thread, acc[0] + acc[1], then acc[s] + that for s = 2 .. S - 1;
+//   3. butterfly adds over the lanes of a column, shuffle distances 16 .. TC;
+//   4. the 4 warps' sums: (w0 + w2) + (w1 + w3) (Triton's butterfly 2, 1 over them in shared memory);
+//   5. rounded once to the weight's dtype.
+template <typename T, int CV>
+__global__ void __launch_bounds__(128) rms_norm_dw_reduce_kernel(const float* __restrict__ partial, T* __restrict__ dw,
+                                                               int64_t n_blocks, int H) {
+  constexpr int TC = 16 / CV, TR = 32 / TC, RT = 4 * TR, S = 128 / RT;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int col0 = blockIdx.x * 16 + (lane % TC) * CV;
+  const int64_t b0 = warp * TR + lane / TC;
+  float acc[S][CV];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int c = 0; c < CV; ++c) acc[s][c] = 0.0f;
+  for (int64_t group = 0; group < n_blocks; group += 128) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const int64_t b = group + b0 + s * RT;
+#pragma unroll
+      for (int c = 0; c < CV; ++c) {
+        const float v = b < n_blocks && col0 + c < H ? partial[b * H + col0 + c] : 0.0f;
+        acc[s][c] = __fadd_rn(acc[s][c], v);
+      }
+    }
+  }
+  __shared__ float warp_sums[4][16];
+#pragma unroll
+  for (int c = 0; c < CV; ++c) {
+    float v = __fadd_rn(acc[0][c], acc[1][c]);
+#pragma unroll
+    for (int s = 2; s < S; ++s) v = __fadd_rn(acc[s][c], v);
+#pragma unroll
+    for (int d = 16; d >= TC; d >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, d));
+    if (lane < TC) warp_sums[warp][lane * CV + c] = v;
+  }
+  __syncthreads();
+  if (t < 16 && blockIdx.x * 16 + t < H) {
+    const float sum = __fadd_rn(__fadd_rn(warp_sums[0][t], warp_sums[2][t]), __fadd_rn(warp_sums[1][t], warp_sums[3][t]));
+    reinterpret_cast<typename Bits<T>::type*>(dw)[blockIdx.x * 16 + t] = (typename Bits<T>::type)from_f32(T(), sum);
+  }
+}
+
+struct BwdArgs {
+  const void* g; const void* gres; const void* h; int64_t h_row_stride; const void* w; const float* rstd;
+  void* dx; void* dres; float* partial; void* dw; int64_t N; int H; float weight_offset; int rows_per_block;
+  cudaStream_t stream;
+};
+
+template <typename T, int E, int WARPS, bool FULL, bool GRES>
+int launch_bwd_rows(const BwdArgs& a) {
+  constexpr int VEC = full_vec<T, E>();
+  const int64_t n_blocks = (a.N + a.rows_per_block - 1) / a.rows_per_block;
+  rms_norm_bwd_kernel<T, E, VEC, WARPS, FULL, GRES><<<(unsigned)n_blocks, WARPS * 32, 0, a.stream>>>(
+      (const T*)a.g, (const T*)a.gres, (const T*)a.h, a.h_row_stride, (const T*)a.w, a.rstd, (T*)a.dx,
+      (T*)(a.dres ? a.dres : a.dx), a.partial, a.N, a.H, (float)a.H, a.weight_offset, a.rows_per_block,
+      a.partial != nullptr, a.dres != nullptr);
+  if (a.partial) {
+    const unsigned blocks = (unsigned)((a.H + 15) / 16);
+    if (a.H % 16 == 0)
+      rms_norm_dw_reduce_kernel<T, 4><<<blocks, 128, 0, a.stream>>>(a.partial, (T*)a.dw, n_blocks, a.H);
+    else
+      rms_norm_dw_reduce_kernel<T, 1><<<blocks, 128, 0, a.stream>>>(a.partial, (T*)a.dw, n_blocks, a.H);
+  }
+  return cudaGetLastError() == cudaSuccess ? 0 : 2;
+}
+
+template <typename T, int E, int WARPS>
+int launch_bwd_layout(const BwdArgs& a) {
+  constexpr int VEC = full_vec<T, E>();
+  // FULL: every lane of the tile is in the row and every row start is vector-aligned (h's; g, dx, d
+  // residual are [N, H] with H the tile)
+  const bool full = a.H == E * WARPS * 32 && a.h_row_stride % VEC == 0;
+  if (full) return a.gres ? launch_bwd_rows<T, E, WARPS, true, true>(a) : launch_bwd_rows<T, E, WARPS, true, false>(a);
+  return a.gres ? launch_bwd_rows<T, E, WARPS, false, true>(a) : launch_bwd_rows<T, E, WARPS, false, false>(a);
+}
+
+template <typename T>
+int launch_bwd_dtype(const BwdArgs& a, int block_h, int num_warps) {
+  const int e = block_h / (num_warps * 32);
+#define RLK_CFG(W, E) \
+  if (num_warps == W && e == E) return launch_bwd_layout<T, E, W>(a);
+  RLK_CFG(4, 1) RLK_CFG(4, 2) RLK_CFG(4, 4) RLK_CFG(4, 8)
+  RLK_CFG(8, 8) RLK_CFG(8, 16) RLK_CFG(8, 32)
+  RLK_CFG(16, 32)
+#undef RLK_CFG
+  return 1;
+}
+
 }  // namespace
 
 // dtype: 0 float32, 1 float16, 2 bfloat16. residual / res_out: the fused add's input and output (both
@@ -359,6 +579,30 @@ extern "C" int rlk_rms_norm_fwd(int dtype, const void* x, int64_t x_row_stride, 
     case 0: return launch_dtype<float>(a, block_h, num_warps, vec, rows);
     case 1: return launch_dtype<__half>(a, block_h, num_warps, vec, rows);
     case 2: return launch_dtype<__nv_bfloat16>(a, block_h, num_warps, vec, rows);
+    default: return 1;
+  }
+}
+
+// The backward of rows [N, H]: dx (and d residual, a second copy, when dres is not null) and, when
+// partial is not null, dW through the [ceil(N / rows_per_block), H] fp32 partial rows into dw (the
+// weight's dtype, x's here). grad_res: the gradient of residual_out, or null. g, grad_res, dx, dres:
+// contiguous [N, H]; h: the forward's normalized input, unit stride along H. block_h / num_warps: the
+// locked "rmsnorm_bwd" tile; rows_per_block: "rmsnorm_dw_rows". Returns 0, 1 for a layout this file
+// does not implement or g / h / w not 16-byte aligned, 2 for a CUDA launch error.
+extern "C" int rlk_rms_norm_bwd(int dtype, const void* g, const void* grad_res, const void* h, int64_t h_row_stride,
+                                const void* w, const float* rstd, void* dx, void* dres, float* partial, void* dw,
+                                int64_t N, int H, int block_h, int num_warps, int rows_per_block, float weight_offset,
+                                void* stream_ptr) {
+  const BwdArgs a{g, grad_res, h, h_row_stride, w, rstd, dx, dres, partial, dw, N, H, weight_offset, rows_per_block,
+                  reinterpret_cast<cudaStream_t>(stream_ptr)};
+  if (N == 0) return 0;
+  if (block_h < H || block_h % (num_warps * 32) != 0 || rows_per_block < 1) return 1;
+  for (const void* p : {g, h, w, grad_res})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  switch (dtype) {
+    case 0: return launch_bwd_dtype<float>(a, block_h, num_warps);
+    case 1: return launch_bwd_dtype<__half>(a, block_h, num_warps);
+    case 2: return launch_bwd_dtype<__nv_bfloat16>(a, block_h, num_warps);
     default: return 1;
   }
 }

@@ -89,15 +89,54 @@ def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool, res_
     return block, cfg.num_warps, vec, rows
 
 
+@functools.lru_cache(maxsize=None)
+def _rmsnorm_bwd_layout(arch: str, dtype: torch.dtype, H: int):
+    """(BLOCK_H, num_warps, rows per dW partial, vec) of the Triton backward launch: the native
+    backward's layout. Unlike the forward's, vec is the full 16 bytes (at most BLOCK_H / threads) for
+    every H and row stride: Triton 3.6 keeps that layout and falls back to narrower accesses
+    (scripts/native_ptx_compare.py's backward cases). The dW reduction's layout depends on H only
+    (native/rmsnorm_kernels.cu)."""
+    from . import configs
+    from .ops import rmsnorm
+
+    cfg = configs.lookup("rmsnorm_bwd", arch, dtype, H)
+    block = rmsnorm.hidden_tile(cfg, H)
+    rows = configs.lookup("rmsnorm_dw_rows", arch, dtype, H).block_v
+    return block, cfg.num_warps, rows, min(16 // dtype.itemsize, max(block // (32 * cfg.num_warps), 1))
+
+
+def _rmsnorm_upstream(x, residual):
+    """The gate's upstream gradients for y (and residual_out): fixed, signed, varied per element."""
+    n = x.numel()
+    i = torch.arange(n, device=x.device, dtype=torch.float32)
+    g = torch.sin(i * 0.37).mul_(2).to(x.dtype).view(x.shape)
+    return g.contiguous(), (torch.cos(i * 0.11).to(x.dtype).view(x.shape).contiguous() if residual is not None else None)
+
+
 def _rmsnorm_triton(x, w, eps, offset, residual=None):
-    """(y, rstd), or (y, residual_out, rstd) with the residual: the Triton forward's outputs."""
+    """The gate's outputs of the Triton launches: (y, rstd) or (y, residual_out, rstd), then dx and dW
+    (and d residual with the residual) of the backward for _rmsnorm_upstream's gradients."""
     from .ops import rmsnorm
 
     y, res_out, rstd = rmsnorm.launch_forward(x, w, residual, eps, offset)
-    return (y, rstd) if residual is None else (y, res_out, rstd)
+    gy, gr = _rmsnorm_upstream(x, residual)
+    dx, dw, dres = rmsnorm.launch_backward(gy, gr, res_out if residual is not None else x, w, rstd, offset, True,
+                                           residual is not None)
+    if residual is None:
+        return y, rstd, dx, dw
+    return y, res_out, rstd, dx, dw, dres
 
 
 def _rmsnorm_native(ext, x, w, eps, offset, residual=None):
+    """_rmsnorm_triton's outputs from the native kernels."""
+    fwd = _rmsnorm_forward(ext, x, w, eps, offset, residual)
+    gy, gr = _rmsnorm_upstream(x, residual)
+    h = fwd[1] if residual is not None else x
+    dx, dw, dres = _rmsnorm_backward(ext, gy, gr, h, w, fwd[-1], offset, True, residual is not None)
+    return fwd + ((dx, dw) if residual is None else (dx, dw, dres))
+
+
+def _rmsnorm_forward(ext, x, w, eps, offset, residual=None):
     from .ops.launch import stream_handle
 
     block, warps, vec, rows = _rmsnorm_config(x, residual=residual)
@@ -109,13 +148,30 @@ def _rmsnorm_native(ext, x, w, eps, offset, residual=None):
     return (y, rstd) if residual is None else (y, res_out, rstd)
 
 
+def _rmsnorm_backward(ext, grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres):
+    """(dx, dw or [0], d residual or [0]), as rmsnorm.launch_backward returns them. The gradients must be
+    contiguous and 16-byte aligned (the layout rule is known for aligned rows only): a misaligned one is
+    copied first, which moves its bits and changes none."""
+    from ._runtime import arch_of
+    from .ops.launch import stream_handle
+
+    grad_y, grad_res = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (grad_y, grad_res))
+    block, warps, rows, _ = _rmsnorm_bwd_layout(arch_of(h.device), h.dtype, h.shape[1])
+    return tuple(ext.rms_norm_bwd(grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres, block, warps, rows,
+                                  stream_handle(h.device.index)))
+
+
+RMSNORM_GATE_H = (128, 200, 384, 1000, 1024, 2048, 4096, 4099, 8192, 12288, 16384)
+
+
 def _rmsnorm_cases(device) -> list:
-    """One-tile rows of every H bucket and dtype, tails, special values; batch sizes 1..300 so the
-    same rows also show batch invariance."""
+    """One-tile rows of every (BLOCK_H, num_warps) the native kernels have and every dtype, tails,
+    special values; batch sizes 1..300 so the same rows also show batch invariance; forward and
+    backward (fixed upstream gradients, _rmsnorm_upstream)."""
     out = []
     g = torch.Generator().manual_seed(0)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
-        for H in (128, 1000, 1024, 4096, 4099, 8192, 12288, 16384):
+        for H in RMSNORM_GATE_H:
             for N in (1, 7, 300):
                 x = (torch.randn(N, H, generator=g) * 3).to(dt)
                 if N == 7:  # zeros, a huge row, subnormal-sized values
@@ -137,6 +193,11 @@ def _rmsnorm_cases(device) -> list:
             r = torch.randn(5, H + pad + 16, generator=g).to(dt)[:, :H]
             out.append((f"{str(dt)[6:]} strided rows H={H} residual", (x.to(device), torch.ones(H, dtype=dt).to(device),
                                                                      1e-6, 0.0, r.to(device))))
+        # more dW partial rows than the reduction's lane tile (129 blocks of 64 rows): its second group
+        for H in (1000, 1024):
+            x = torch.randn(64 * 128 + 65, H, generator=g).to(dt)
+            w = (torch.randn(H, generator=g) * 0.5 + 1).to(dt)
+            out.append((f"{str(dt)[6:]} N={x.shape[0]} H={H}", (x.to(device), w.to(device), 1e-6, 1.0)))
     return out
 
 
@@ -435,7 +496,14 @@ def load(op: str):
 def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None):
     """(y, rstd), or (y, residual_out, rstd) with the residual, of the admitted native rms_norm forward
     (rlk_triton.ops.rmsnorm calls it for backend="cuda_native" after checking the admission)."""
-    return _rmsnorm_native(load("rmsnorm"), x, weight, eps, weight_offset, residual)
+    return _rmsnorm_forward(load("rmsnorm"), x, weight, eps, weight_offset, residual)
+
+
+def rms_norm_bwd(grad_y, grad_residual, h, weight, rstd, weight_offset: float, with_dw: bool, with_dres: bool):
+    """(dx, dw or [0], d residual or [0]) of the admitted native rms_norm backward (the Triton
+    launcher's arguments; grad_y / grad_residual contiguous [N, H])."""
+    return _rmsnorm_backward(load("rmsnorm"), grad_y, grad_residual, h, weight, rstd, weight_offset, with_dw,
+                             with_dres)
 
 
 def selected_logp_fwd(logits, target, row_index, temperature: float, temperature_rows, ignore_index: int,

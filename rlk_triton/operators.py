@@ -59,7 +59,7 @@ def _triton(op, kernels, devices, **claims) -> Backend:
                    batch_invariant=True, bitwise_deterministic=True, **claims)
 
 
-def _native(op, kernels, shape_ranges, notes, passes="forward; backward by the Triton kernels") -> Backend:
+def _native(op, kernels, shape_ranges, notes, passes="forward and backward") -> Backend:
     """The native CUDA backend of op: the Triton kernels' bits where admitted (docs/native.md);
     strict-eligible only then (the registry decides), ranked behind Triton."""
     return Backend(op, "cuda_native", f"CUDA {kernels} ({passes})", "native",
@@ -81,8 +81,7 @@ def _selected_logp() -> Operator:
                 notes="slow; fixed 16-row chunks make every row's reductions one shape"),
         _native("selected_logp", "kernels native/selected_logp_kernels.cu",
                 {"V": "1 .. 64 vocab chunks (524288 for 2-byte logits, 262144 for float32)",
-                 "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant",
-                passes="forward and backward"),
+                 "leading_dims": "[N, V] or [V]", "rows": "any"}, "eager only; no indexed variant"),
     ))
 
 
@@ -110,7 +109,7 @@ def _rmsnorm() -> Operator:
         shape_ranges={"H": [1, "any (one tile up to 16384 on CUDA)"], "leading_dims": "any", "rows": "any"},
         notes="y, residual and d x are batch-invariant per row; d weight sums over the batch on a fixed "
               "row partition: run-to-run deterministic, no atomics"),
-        _native("rmsnorm", "kernel native/rmsnorm_kernels.cu",
+        _native("rmsnorm", "kernels native/rmsnorm_kernels.cu",
                 {"H": "one tile with a lane per thread (128..16384 on sm90)",
                  "residual": "optional (one fused layout refused: docs/native.md)", "weight": "x's dtype"},
                 "eager only"),

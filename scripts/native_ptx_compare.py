@@ -172,15 +172,113 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
 
 
 def rmsnorm_cases():
-    """The gate's shapes (rlk_triton.native._rmsnorm_cases), with and without the residual, plus the
+    """The gate's H (rlk_triton.native.RMSNORM_GATE_H), with and without the residual, plus the
     row-stride kinds of the fused add (16-multiples or not, with H a 16-multiple or not)."""
     out = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for H in (128, 1000, 1024, 4096, 4099, 8192, 12288, 16384):
+        for H in native.RMSNORM_GATE_H:
             out += [(dtype, H, H, None), (dtype, H, H, H)]
         out += [(dtype, 4096, 4160, None), (dtype, 4099, 4112, None)]
         out += [(dtype, H, xs, rs) for H, xs, rs in ((4096, 4160, 4176), (4096, 4099, 4115), (4099, 4100, 4116),
                                                      (4099, 4112, 4128), (4099, 4099, 4112), (4099, 4112, 4099))]
+    return out
+
+
+def triton_rmsnorm_bwd_ptx(dtype, H, h_stride, gres, N, R):
+    """(bwd ptx, reduce ptx, (block, warps, lanes, cols)) of the Triton backward launches for these values
+    (sm90 table, R rows per dW partial)."""
+    cfg = configs.lookup("rmsnorm_bwd", "sm90", dtype, H)
+    block = rmsnorm.hidden_tile(cfg, H)
+    e = torch.empty
+    args = dict(grad_y_ptr=e(N * H, dtype=dtype), grad_res_ptr=e(N * H, dtype=dtype), h_ptr=e(N * h_stride, dtype=dtype),
+                h_row_stride=h_stride, w_ptr=e(H, dtype=dtype), rstd_ptr=e(N), dx_ptr=e(N * H, dtype=dtype),
+                dres_ptr=e(N * H, dtype=dtype), partial_ptr=e(-(-N // R) * H), N=N, H=H, h_count=float(H),
+                weight_offset=1.0, HAS_GRAD_RES=gres, WITH_DW=True, WITH_DRES=True, ROWS_PER_BLOCK=R, BLOCK_H=block,
+                ONE_TILE=block >= H)
+    _, _, bwd, err = compile_for_sm90(rmsnorm._bwd_kernel, args, cfg.num_warps, 1)
+    if err:
+        raise RuntimeError(err)
+    red = configs.lookup("rmsnorm_dw_reduce", "sm90", dtype, H)
+    cols = min(next_power_of_2(H), max(16, 2048 // red.block_v))
+    n_blocks = -(-N // R)
+    args = dict(partial_ptr=e(n_blocks * H), dw_ptr=e(H, dtype=dtype), n_blocks=n_blocks, H=H, BLOCK_B=red.block_v,
+                BLOCK_C=cols)
+    _, _, reduce, err = compile_for_sm90(rmsnorm._dw_reduce_kernel, args, red.num_warps, red.num_stages)
+    if err:
+        raise RuntimeError(err)
+    return bwd, reduce, (block, cfg.num_warps, 32 * red.num_warps, cols)
+
+
+def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed: int, N=20, R=4) -> dict:
+    """Both backward implementations (the row kernel, then the dW reduction) on the same rows, rstd and
+    upstream gradients, with R rows per dW partial (the locked 64 on the GPU; the order for any R is the
+    same code, and a small R gives several partial rows, more than 128 with N > 128 R). dx, d residual,
+    the partial rows and dW compared."""
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(N, h_stride, generator=g) * 3).to(dtype)
+    h[1] *= 1e-3
+    gy = torch.randn(N, H, generator=g).to(dtype)
+    gr = torch.randn(N, H, generator=g).to(dtype) if gres else None
+    w = (torch.randn(H, generator=g) * 0.5 + 1).to(dtype)
+    rstd = torch.rsqrt(h[:, :H].float().pow(2).mean(1) + 1e-5)
+    offset = 1.0
+    n_blocks = -(-N // R)
+    row = {"dtype": str(dtype)[6:], "H": H, "h_stride": h_stride, "grad_residual": gres, "rows": N,
+           "rows_per_partial": R, "kernel": "backward"}
+    vec = native._rmsnorm_bwd_layout("sm90", dtype, H)[3]
+    size = 4 * (N * (h_stride + 4 * H) + (n_blocks + 2) * H) * 4 + (1 << 16)
+
+    def regions(mem):
+        return [mem.put(t) for t in (gy, gr if gres else torch.zeros(1), h, w, rstd, torch.zeros(N * H, dtype=dtype),
+                                     torch.zeros(N * H, dtype=dtype), torch.zeros(n_blocks * H),
+                                     torch.zeros(H, dtype=dtype))]
+
+    def outputs(mem, dxa, dra, pa, dwa):
+        return [mem.get(dxa, N * H, dtype), mem.get(dra, N * H, dtype), mem.get(pa, n_blocks * H, torch.float32),
+                mem.get(dwa, H, dtype)]
+
+    bwd, red, (block, warps, lanes, cols) = triton_rmsnorm_bwd_ptx(dtype, H, h_stride, gres, N, R)
+    mem = Memory(size)
+    ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
+    code = emu.entry(as_ptxas_compiles(bwd))
+    for b in range(n_blocks):
+        emu.run_cta(code, 32 * warps, [ga, gra if gres else ga, ha, h_stride, wa, sa, dxa, dra, pa, N, H,
+                                       f2u(float(H)), f2u(offset), 0, 0], mem.buf, b)
+    code = emu.entry(as_ptxas_compiles(red))
+    for b in range(-(-H // cols)):
+        emu.run_cta(code, lanes, [pa, dwa, n_blocks, H, 0, 0], mem.buf, b)
+    want = outputs(mem, dxa, dra, pa, dwa)
+
+    mem = Memory(size)
+    ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
+    E = block // (32 * warps)
+    full = H == block and h_stride % vec == 0
+    name = f"rms_norm_bwd_kernelI{TYPE[dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}ELb{int(gres)}EE"
+    code = emu.entry(module, name)
+    for b in range(n_blocks):
+        emu.run_cta(code, 32 * warps, [ga, gra if gres else 0, ha, h_stride, wa, sa, dxa, dra, pa, N, H,
+                                       f2u(float(H)), f2u(offset), R, 1, 1], mem.buf, b)
+    code = emu.entry(module, f"rms_norm_dw_reduce_kernelI{TYPE[dtype]}Li{4 if H % 16 == 0 else 1}EE")
+    for b in range(-(-H // 16)):
+        emu.run_cta(code, 128, [pa, dwa, n_blocks, H], mem.buf, b)
+    got = outputs(mem, dxa, dra, pa, dwa)
+    same = {}
+    for label, a, b in zip(("dx", "d_residual", "dw_partial", "dw"), want, got):
+        ints = torch.int32 if a.element_size() == 4 else torch.int16
+        same[label] = torch.equal(a.view(ints), b.view(ints))
+    return dict(row, vec=vec, full=full, same_bits=same, result="equal" if all(same.values()) else "DIFFERENT")
+
+
+def rmsnorm_bwd_cases():
+    """(dtype, H, h row stride, grad of residual_out, rows, rows per partial): the gate's H (every tile
+    class the native kernels have), H and row strides that are and are not multiples of 16, the residual's gradient, and
+    more than 128 partial rows (the reduction's group loop)."""
+    out = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for H in native.RMSNORM_GATE_H:
+            out.append((dtype, H, H, False, 20, 4))
+        out += [(dtype, 4096, 4096, True, 20, 4), (dtype, 4096, 4100, False, 20, 4), (dtype, 4099, 4112, True, 20, 4),
+                (dtype, 128, 128, False, 133, 1), (dtype, 1000, 1000, True, 133, 1)]
     return out
 
 
@@ -392,6 +490,8 @@ def main():
         if op == "rmsnorm":
             module = native.compile_ptx("rmsnorm_kernels.cu")
             runs = [lambda case=case, i=i: rmsnorm_case(module, *case, seed=i) for i, case in enumerate(rmsnorm_cases())]
+            runs += [lambda case=case, i=i: rmsnorm_bwd_case(module, *case[:4], seed=i, N=case[4], R=case[5])
+                     for i, case in enumerate(rmsnorm_bwd_cases())]
         else:
             module = native.compile_ptx("selected_logp_kernels.cu")
             runs = [lambda case=case, i=i: slp_case(module, case[0], case[1], case[2], seed=i, **case[3])

@@ -18,7 +18,7 @@ import re
 import numpy as np
 import torch
 
-MASK = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
+MASK = {1: 0x1, 8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
 PARAM_BASE = 1 << 48  # the address space of kernel parameters (an address taken with mov)
 
 
@@ -140,7 +140,6 @@ class CTA:
         self.ctaid = ctaid
         self.active = np.ones(nthreads, bool)
         self.waiting = {}  # label -> mask of threads that branched there
-        self.seen = set()
         self.labels = {item[1]: k for k, item in enumerate(self.prog) if item[0] == "label"}
 
     # ---- operands ----
@@ -201,7 +200,6 @@ class CTA:
             item = prog[i]
             i += 1
             if item[0] == "label":
-                self.seen.add(item[1])
                 w = self.waiting.pop(item[1], None)
                 if w is not None:
                     self.active |= w
@@ -213,7 +211,7 @@ class CTA:
                 mask &= ~p if pred[0] else p
             if op.startswith("bra"):
                 tgt = args[0]
-                if tgt in self.seen:  # a loop's back edge: taken by every active thread or by none
+                if self.labels[tgt] < i:  # a loop's back edge: taken by every active thread or by none
                     if mask.any():
                         if (mask != self.active).any():
                             raise NotImplementedError("divergent backward branch to " + tgt)
@@ -268,7 +266,7 @@ class CTA:
                 for k, p in enumerate(parts):
                     self.setr(p, (v >> np.uint64(k * bits)) & np.uint64(MASK[bits]), mask)
             else:
-                w = int(re.sub(r"\D", "", o[1]))
+                w = 1 if o[1] == "pred" else int(re.sub(r"\D", "", o[1]))
                 self.setr(d, self.val(s) & np.uint64(MASK[w]), mask)
             return
         if base == "cvta":
@@ -412,6 +410,13 @@ class CTA:
             if t[0] == "s":
                 sign = (r >> (ln - np.uint64(1))) & np.uint64(1)
                 r = np.where(sign == 1, r | (np.uint64(MASK[64]) ^ ((np.uint64(1) << ln) - np.uint64(1))), r)
+            self.setr(a[0], r & np.uint64(MASK[w]), mask); return
+        if base == "bfi":  # bfi.bW d, a, b, pos, len: b with bits [pos, pos + len) replaced by a's low bits
+            w = int(o[-1][1:])
+            pos = self.val(a[3]) & np.uint64(0xFF); ln = self.val(a[4]) & np.uint64(0xFF)
+            assert np.all(pos + ln <= w), op
+            field = ((np.uint64(1) << ln) - np.uint64(1)) << pos
+            r = (self.val(a[2]) & ~field) | ((self.val(a[1]) << pos) & field)
             self.setr(a[0], r & np.uint64(MASK[w]), mask); return
         if base in ("and", "or", "xor", "not") and o[1] == "pred":
             x = [self.regs[s.strip()].astype(bool) for s in a[1:]]

@@ -177,14 +177,25 @@ def test_cuda_native_without_an_admission_is_a_typed_error(device, cache):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkeypatch, fused):
-    """The call path, with the native forward stood in by the Triton launcher (the gate's job is the
+def test_an_admitted_native_rms_norm_runs_forward_and_backward(device, monkeypatch, fused):
+    """The call path, with the native kernels stood in by the Triton launchers (the gate's job is the
     bits; this checks the plumbing): values and gradients are the Triton path's, with and without
-    the fused residual add."""
+    the fused residual add, and the backward goes through the native entry."""
     from rlk_triton.ops import rmsnorm
 
+    def fwd(x, w, eps, offset, residual=None):
+        y, res_out, rstd = rmsnorm.launch_forward(x, w, residual, eps, offset)
+        return (y, rstd) if residual is None else (y, res_out, rstd)
+
+    backward_calls = []
+
+    def bwd(*args):
+        backward_calls.append(args[-2:])  # (with_dw, with_dres)
+        return rmsnorm.launch_backward(*args)
+
     monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
-    monkeypatch.setattr(native, "rms_norm_fwd", native._rmsnorm_triton)
+    monkeypatch.setattr(native, "rms_norm_fwd", fwd)
+    monkeypatch.setattr(native, "rms_norm_bwd", bwd)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 96, generator=g).to(device, torch.bfloat16)
     w = (torch.randn(96, generator=g) + 1).to(device, torch.bfloat16)
@@ -200,6 +211,7 @@ def test_an_admitted_native_forward_runs_with_the_triton_backward(device, monkey
         outs.append((y.detach(), xl.grad, wl.grad) + ((res_out.detach(), rl.grad) if fused else ()))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+    assert backward_calls == [(True, fused)]
     with torch.no_grad():  # no graph: the native forward alone, same values
         out = rmsnorm.rms_norm(x, w, eps=1e-5, residual=r, weight_offset=0.5, backend="cuda_native")
         assert torch.equal(out[0] if fused else out, outs[0][0])
@@ -224,6 +236,32 @@ def test_cuda_native_refuses_unaligned_inputs_with_a_typed_error(device, monkeyp
                          backend="cuda_native")
     with pytest.raises(BackendError, match="16-byte aligned"):
         rmsnorm.rms_norm(buf[:288].view(3, 96), w, residual=x, backend="cuda_native")
+
+
+def test_the_native_backward_gets_aligned_gradients(monkeypatch):
+    """A contiguous gradient 2 bytes off a 16-byte boundary (a view autograd may hand over) reaches the
+    binding as an aligned copy with the same bits, never as a pointer the layout rule does not cover;
+    the launch config is the locked backward's."""
+    seen = {}
+
+    class Ext:
+        @staticmethod
+        def rms_norm_bwd(grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres, block, warps, rows, stream):
+            seen.update(ptrs=[t.data_ptr() % 16 for t in (grad_y, grad_res)], grad_y=grad_y.clone(),
+                        config=(block, warps, rows))
+            return h, w, h
+
+    from rlk_triton.ops import launch
+
+    monkeypatch.setattr(launch, "stream_handle", lambda index: 0)  # no CUDA stream on this machine
+    h = torch.randn(3, 96).to(torch.bfloat16)
+    buf = torch.randn(3 * 96 + 1).to(torch.bfloat16)
+    g = buf[1:].view(3, 96)
+    assert g.is_contiguous() and g.data_ptr() % 16
+    native._rmsnorm_backward(Ext, g, g, h, torch.ones(96, dtype=torch.bfloat16), torch.ones(3), 0.0, True, True)
+    assert seen["ptrs"] == [0, 0] and torch.equal(seen["grad_y"], g)
+    block, warps, rows, _ = native._rmsnorm_bwd_layout("interpreter", torch.bfloat16, 96)
+    assert seen["config"] == (block, warps, rows)
 
 
 def test_cuda_native_refuses_a_fused_layout_it_has_no_rule_for(device, monkeypatch):
@@ -349,3 +387,36 @@ def test_selected_logp_gate_cases_cover_every_native_kernel():
         assert {(dt, "vec", 1), (dt, "vec", 16 // torch.empty(0, dtype=dt).element_size())} <= seen
         for flags in ((False, False, False), (True, False, False), (True, False, True), (True, True, False)):
             assert (dt, "flags", *flags) in seen, (dt, flags)
+
+
+def test_rmsnorm_gate_cases_cover_every_native_kernel():
+    """Every (num_warps, lanes per thread) the native rms_norm kernels are built for is reached by a
+    gate case in each dtype, forward (both vector widths of the two-rows kernel) and backward (with and
+    without the residual's gradient, both dW reduction layouts, more than one group of partial rows):
+    no native variant goes unadmitted-but-selectable."""
+    import re
+
+    from rlk_triton.ops import rmsnorm
+
+    built = {(int(w), int(e)) for w, e in re.findall(r"RLK_CFG\((\d+), (\d+)\)",
+                                                     (native.NATIVE_DIR / "rmsnorm_kernels.cu").read_text())}
+    assert len(built) == 8
+    seen = set()
+    for _, (x, w, eps, offset, *res) in native._rmsnorm_cases("cpu"):
+        dt, (N, H) = x.dtype, x.shape
+        block, warps, vec, _ = native._rmsnorm_config(x, "sm90", res[0] if res else None)
+        seen.add((dt, "fwd", warps, block // (32 * warps)))
+        seen.add((dt, "fwd vec", vec))
+        block, warps, rows, _ = native._rmsnorm_bwd_layout("sm90", dt, H)
+        assert block == rmsnorm.hidden_tile(rmsnorm.configs.lookup("rmsnorm_bwd", "sm90", dt, H), H)
+        seen.add((dt, "bwd", warps, block // (32 * warps)))
+        seen.add((dt, "bwd flags", bool(res), H % 16 == 0, -(-N // rows) > 128))
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for w, e in built:
+            assert (dt, "fwd", w, e) in seen and (dt, "bwd", w, e) in seen, (dt, w, e)
+        assert (dt, "fwd vec", 16 // dt.itemsize) in seen
+        if dt != torch.float32:
+            assert (dt, "fwd vec", 1) in seen
+        for flags in ((False, True, False), (False, False, False), (True, True, False), (True, False, False),
+                      (False, True, True), (False, False, True)):
+            assert (dt, "bwd flags", *flags) in seen, (dt, flags)

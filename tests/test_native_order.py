@@ -1,7 +1,8 @@
 """native/rmsnorm_kernels.cu computes in the documented order, checked without a GPU: nvcc's sm_90a PTX
-of the file runs in scripts/ptx_emulator.py and every rstd and y bit is compared with a NumPy float32
-model of the order docs/native.md states (Triton 3.6's, as its PTX and the H200 gate showed). A change
-to the file's arithmetic order fails here, in CI, before the GPU gate would refuse it."""
+of the file runs in scripts/ptx_emulator.py and every output bit (forward: y, residual_out, rstd;
+backward: dx, d residual, the dW partial rows, dW) is compared with a NumPy float32 model of the order
+docs/native.md states (Triton 3.6's, as its PTX and the H200 gate showed). A change to the file's
+arithmetic order fails here, in CI, before the GPU gate would refuse it."""
 import struct
 import sys
 from pathlib import Path
@@ -197,3 +198,151 @@ def test_fused_rows_with_a_16_multiple_stride_and_h_not_have_no_native_layout():
     assert native._rmsnorm_config(r, arch="sm90")[2] == 8  # without the residual: one reduction, VEC 8
     assert native._rmsnorm_config(torch.empty(2, 4096, dtype=torch.bfloat16)[:, :4000], arch="sm90",
                                   residual=r[:, :4000])[2] == 8  # H a multiple of 16: the full vector
+
+
+# ---- the backward (docs/native.md): the row kernel's dx and dW partial rows, then the dW reduction ----
+
+def model_backward(h, g, gr, w, rstd, offset, block, warps, vec, R):
+    """(dx, partial rows, dw) in the documented order: w' = offset + w, gw = w' g, xhat = rstd h,
+    p = fma(gw, xhat, +0); per thread p0 + p1 then p_r + acc in register order (the forward's lane
+    layout with the full vec); butterflies 16 .. 1, then over the warps' lane-0 sums; c = sum / H;
+    dh = fma(-xhat, c, gw) * rstd, or fma(that, rstd, gr); a block of R rows folds dw = fma(xhat, g, dw)
+    per lane; the reduction sums the partial rows in its lane layout (CV columns per thread: 4 when H
+    is a multiple of 16, else 1), chains a thread's slots, butterflies over a warp's rows, then
+    (w0 + w2) + (w1 + w3) over the warps."""
+    fma32 = _emulator().fma32
+    N, H = h.shape
+    T = 32 * warps
+    E = block // T
+    pad = np.zeros((N, block), F)
+    hp, gp = pad.copy(), pad.copy()
+    hp[:, :H], gp[:, :H] = h.float().numpy(), g.float().numpy()
+    wk = np.full(block, F(offset), F)
+    wk[:H] = F(offset) + w.float().numpy().astype(F)
+    r = rstd.astype(F)[:, None]
+    xhat, gw = r * hp, wk[None, :] * gp
+    p = fma32(gw, xhat, np.zeros_like(gw)).astype(F)
+    idx = np.array([[(k // vec) * vec * T + t * vec + k % vec for k in range(E)] for t in range(T)])
+    e = p[:, idx]
+    s = e[:, :, 0]
+    if E > 1:
+        s = s + e[:, :, 1]
+        for k in range(2, E):
+            s = e[:, :, k] + s
+    lanes = np.arange(T)
+    for d in (16, 8, 4, 2, 1):
+        s = s + s[:, lanes ^ d]
+    ws = s[:, ::32]
+    d = warps // 2
+    while d >= 1:
+        ws = ws + ws[:, np.arange(warps) ^ d]
+        d //= 2
+    c = (ws[:, 0] / F(H))[:, None]
+    dh = fma32(-xhat, c, gw).astype(F)
+    if gr is not None:
+        grp = pad.copy()
+        grp[:, :H] = gr.float().numpy()
+        dh = fma32(dh, np.broadcast_to(r, dh.shape), grp).astype(F)
+    else:
+        dh = dh * r
+    n_blocks = -(-N // R)
+    partial = np.zeros((n_blocks, H), F)
+    for b in range(n_blocks):
+        acc = np.zeros(H, F)
+        for row in range(b * R, min(b * R + R, N)):
+            acc = fma32(xhat[row, :H], gp[row, :H], acc).astype(F)
+        partial[b] = acc
+    CV = 4 if H % 16 == 0 else 1
+    TC = 16 // CV
+    TR = 32 // TC
+    RT, S = 4 * TR, 128 // (4 * TR)
+    groups = -(-n_blocks // 128)
+    padded = np.zeros((groups * 128, H), F)
+    padded[:n_blocks] = partial
+    acc = np.zeros((S, RT, H), F)  # [slot, the thread's row offset, column]
+    for grp in range(groups):
+        for slot in range(S):
+            acc[slot] = acc[slot] + padded[grp * 128 + slot * RT + np.arange(RT)]
+    v = acc[0] + acc[1]
+    for slot in range(2, S):
+        v = acc[slot] + v
+    v = v.reshape(4, TR, H)  # [warp, row in the warp, column]
+    dd = 16
+    while dd >= TC:
+        v = v + v[:, np.arange(TR) ^ (dd // TC)]
+        dd //= 2
+    dw = (v[0, 0] + v[2, 0]) + (v[1, 0] + v[3, 0])
+    return torch.from_numpy(dh[:, :H]).to(h.dtype), partial, torch.from_numpy(dw).to(h.dtype)
+
+
+def emulate_backward(module, h, g, gr, w, rstd, offset, R):
+    """(dx, d residual, partial rows, dw, layout) of the native backward kernels on the sm90 layout,
+    emulated; R rows per dW partial (the order for any R is the same code; the GPU's is 64)."""
+    emu = _emulator()
+    N, H = h.shape
+    esz = h.element_size()
+    block, warps, _, vec = native._rmsnorm_bwd_layout("sm90", h.dtype, H)
+    E = block // (32 * warps)
+    n_blocks = -(-N // R)
+    mem = np.zeros(8192 + (h.stride(0) + 4 * H) * N * esz + 2 * H * esz + N * 4 + n_blocks * H * 4 + 4096, np.uint8)
+    top = [256]
+
+    def put(nbytes, data=None):
+        at = top[0]
+        top[0] = at + ((nbytes + 255) // 256) * 256
+        if data is not None:
+            mem[at:at + nbytes] = data
+        return at
+
+    flat = torch.zeros(N * h.stride(0), dtype=h.dtype)
+    flat.view(N, h.stride(0))[:, :H] = h
+    ha = put(N * h.stride(0) * esz, flat.view(torch.uint8).numpy())
+    ga = put(N * H * esz, g.contiguous().view(torch.uint8).view(-1).numpy())
+    gra = put(N * H * esz, gr.contiguous().view(torch.uint8).view(-1).numpy()) if gr is not None else 0
+    wa = put(H * esz, w.contiguous().view(torch.uint8).numpy())
+    sa = put(N * 4, rstd.view(np.uint8))
+    dxa, dra = put(N * H * esz), put(N * H * esz)
+    pa, dwa = put(n_blocks * H * 4), put(H * esz)
+    full = H == block and h.stride(0) % vec == 0
+    entry = emu.entry(module, f"rms_norm_bwd_kernelI{TYPE[h.dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}"
+                              f"ELb{int(gr is not None)}EE")
+    for b in range(n_blocks):
+        emu.run_cta(entry, 32 * warps, [ga, gra, ha, h.stride(0), wa, sa, dxa, dra, pa, N, H, _f2u(float(H)),
+                                        _f2u(offset), R, 1, 1], mem, b)
+    entry = emu.entry(module, f"rms_norm_dw_reduce_kernelI{TYPE[h.dtype]}Li{4 if H % 16 == 0 else 1}EE")
+    for b in range(-(-H // 16)):
+        emu.run_cta(entry, 128, [pa, dwa, n_blocks, H], mem, b)
+    ints = {2: torch.int16, 4: torch.int32}[esz]
+
+    def read(at, n):
+        return torch.from_numpy(mem[at:at + n * esz].copy()).view(ints).view(h.dtype)
+
+    return read(dxa, N * H).view(N, H), read(dra, N * H).view(N, H), \
+        mem[pa:pa + n_blocks * H * 4].view(np.float32).reshape(n_blocks, H).copy(), read(dwa, H), \
+        (block, warps, vec, full)
+
+
+# (dtype, H, h's row stride, the residual's gradient, rows, rows per dW partial): one lane per thread,
+# each vector width, FULL and not, both reduction layouts, more than 128 partial rows
+BACKWARD_CASES = [
+    (torch.bfloat16, 128, 128, False, 12, 4), (torch.float32, 1000, 1000, True, 12, 4),
+    (torch.float16, 2048, 2048, False, 12, 4), (torch.bfloat16, 4096, 4100, True, 12, 4),
+    (torch.float32, 4099, 4099, False, 9, 4), (torch.bfloat16, 16384, 16384, False, 6, 4),
+    (torch.float32, 128, 128, False, 133, 1), (torch.float32, 200, 200, True, 133, 1),
+]
+
+
+@pytest.mark.parametrize("dtype,H,stride,with_gr,N,R", BACKWARD_CASES)
+def test_native_rmsnorm_backward_ptx_computes_in_the_documented_order(ptx, dtype, H, stride, with_gr, N, R):
+    g = torch.Generator().manual_seed(H + 3)
+    h = (torch.randn(N, stride, generator=g) * 3).to(dtype)[:, :H]
+    h[1] = h[1] * 1e-3
+    gy = torch.randn(N, H, generator=g).to(dtype)
+    gr = torch.randn(N, H, generator=g).to(dtype) if with_gr else None
+    w = (torch.randn(H, generator=g) * 0.5 + 1).to(dtype)
+    rstd = (1 / np.sqrt((h.float() ** 2).mean(1).numpy() + 1e-5)).astype(F)
+    dx, dres, partial, dw, (block, warps, vec, _) = emulate_backward(ptx, h, gy, gr, w, rstd, 0.5, R)
+    dx_model, partial_model, dw_model = model_backward(h, gy, gr, w, rstd, 0.5, block, warps, vec, R)
+    assert _same(dx, dx_model) and _same(dres, dx_model)
+    assert (partial.view(np.uint32) == partial_model.view(np.uint32)).all()
+    assert _same(dw, dw_model)

@@ -354,7 +354,8 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused h output arrives as None, not as an [N, H] of zeros
 
 
-def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
+def _grads(ctx, grad_y, grad_res_out, launch):
+    """The backward on the saved tensors with `launch` (launch_backward's arguments and outputs)."""
     h, weight, rstd = ctx.saved_tensors
     if grad_y is None:
         grad_y = torch.zeros_like(h)
@@ -362,12 +363,15 @@ def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
         grad_res_out = None
     need_x, with_dw, need_res = (bool(n) for n in ctx.needs_input_grad[:3])
     with_dres = need_x and need_res
-    dx, dw, dres = call_rms_norm_bwd(grad_y.contiguous(),
-                                     None if grad_res_out is None else grad_res_out.contiguous(),
-                                     h, weight, rstd, ctx.weight_offset, with_dw, with_dres)
+    dx, dw, dres = launch(grad_y.contiguous(), None if grad_res_out is None else grad_res_out.contiguous(),
+                          h, weight, rstd, ctx.weight_offset, with_dw, with_dres)
     # x and residual enter as x + residual: both receive d h (the downcast is straight-through)
     return (dx if need_x else None, dw if with_dw else None,
             (dres if with_dres else dx) if need_res else None, None, None)
+
+
+def _backward(ctx, grad_y, grad_res_out, _grad_rstd):
+    return _grads(ctx, grad_y, grad_res_out, call_rms_norm_bwd)
 
 
 call_rms_norm_fwd = autograd_op(rms_norm_fwd, _backward, _setup_context)
@@ -395,10 +399,10 @@ def rms_norm(
         residual: optional, x's shape, dtype and device. Then h = dtype(x + residual) in fp32
             arithmetic is normalized and also returned (the residual stream of the next layer).
         weight_offset: the scale is (weight + weight_offset) in fp32; 1.0 for Gemma's (1 + w).
-        backend: "triton" (default), or "cuda_native": the native forward (docs/native.md), only where
+        backend: "triton" (default), or "cuda_native": the native kernels (docs/native.md), only where
             `rlk-triton native admit` recorded it bitwise equal to the Triton kernel under this
             process's fingerprint (BackendError saying why otherwise); eager only. Its backward is
-            the Triton kernels'.
+            native too (the gate admits forward and backward together).
 
     Returns:
         y with x's shape and dtype (contiguous), or (y, residual_out) when residual is given.
@@ -416,8 +420,9 @@ def rms_norm(
 
 
 class _NativeForward(torch.autograd.Function):
-    """The admitted native forward with the Triton backward: the same setup_context and backward as
-    the custom op, on the same saved tensors (the native rstd is the Triton kernel's bits)."""
+    """The admitted native forward and backward: the custom op's setup_context on the same saved
+    tensors (the native rstd and residual_out are the Triton kernel's bits), the native backward
+    kernels in place of the Triton ones (the same gate admits both)."""
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, weight_offset):
@@ -425,7 +430,11 @@ class _NativeForward(torch.autograd.Function):
         _setup_context(ctx, (x, weight, residual, eps, weight_offset), out)
         return out
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, grad_y, grad_res_out, _grad_rstd):
+        from .. import native
+
+        return _grads(ctx, grad_y, grad_res_out, native.rms_norm_bwd)
 
 
 def _native_outputs(x, weight, residual, eps, weight_offset):
