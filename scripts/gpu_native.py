@@ -1,7 +1,7 @@
 """native/ on the GPU: the gates (`rlk_triton.native.admit` for every op, which writes the admission
-records), then the native kernels against the Triton kernels, same run: rows {op, shape, backend,
-wall_ms, device_ms, bitwise} for the raw launches and, when admitted, the public calls
-(rms_norm(backend=...), selected_logp(backend=...)).
+records), then the native kernels against the Triton kernels (forward and backward launches), same
+run: rows {op, shape, backend, wall_ms, device_ms, bitwise} for the raw launches and, when admitted,
+the public calls (rms_norm(backend=...), selected_logp(backend=...)).
 
     python scripts/gpu_native.py --out native.json --commit <sha> [--variants]
 
@@ -21,7 +21,7 @@ import torch
 import triton
 
 from rlk_triton import bench, native
-from rlk_triton.ops import launch
+from rlk_triton.ops import launch, rmsnorm
 from rlk_triton.ops.rmsnorm import rms_norm
 
 
@@ -51,12 +51,11 @@ def main():
         print(op, {k: v for k, v in gates[op].items() if k != "mismatches"}, gates[op]["mismatches"][:20], flush=True)
     gate = gates["rmsnorm"]
     rows = []
-    report = {"what": "native/ rms_norm forward (with and without the residual), selected_logp forward and backward: the "
-                      "gates, then native against Triton, same run",
+    report = {"what": "native/ rms_norm forward (with and without the residual) and backward, selected_logp forward "
+                      "and backward: the gates, then native against Triton, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "gates": gates, "records": records,
               "rows": rows}
-    nop = native.native_op("rmsnorm")
     ext = native.load("rmsnorm")
     variants = {}
     if args.variants:
@@ -70,28 +69,51 @@ def main():
         w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
         r = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16) if fused else None
         rest = (r,) if fused else ()  # the launchers' optional residual
-        want = nop.triton(x, w, 1e-6, 0.0, *rest)
+        want = rmsnorm.launch_forward(x, w, r, 1e-6, 0.0)
+        want = want[:2] if fused else want[:1]  # y, and residual_out when fused
         layout = native._rmsnorm_config(x, residual=r)
         stream = launch.stream_handle
-        calls = {"triton launch": lambda: nop.triton(x, w, 1e-6, 0.0, *rest),
-                 "native launch": lambda: nop.native(ext, x, w, 1e-6, 0.0, *rest),
+        calls = {"triton launch": lambda: rmsnorm.launch_forward(x, w, r, 1e-6, 0.0),
+                 "native launch": lambda: native._rmsnorm_forward(ext, x, w, 1e-6, 0.0, *rest),
                  # the stream read in the call: a handle read once would launch outside a graph's capture
                  "bare extension call": lambda: ext.rms_norm_fwd(x, r, w, 1e-6, 0.0, *layout, stream(x.device.index)),
                  "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6, residual=r)}
         for name, mod in variants.items():
-            calls[name] = lambda mod=mod: nop.native(mod, x, w, 1e-6, 0.0, *rest)
+            calls[name] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
         if gate["admitted"]:
             calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
                                                                         backend="cuda_native")
-        # y, and residual_out when fused (the bare call returns (y, residual_out, rstd) always)
+        # y, and residual_out when fused (every call returns y first, residual_out second when fused)
         time_calls(rows, calls, lambda name, got: {
             "op": "rms_norm fwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
-            "bitwise": all(native.same_bits(a, b) for a, b in zip(got[:2] if fused else got[:1], want))})
+            "bitwise": all(native.same_bits(a, b) for a, b in zip(got[:len(want)], want))})
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
+    rmsnorm_backward_rows(rows, ext, g)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
     selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+
+
+def rmsnorm_backward_rows(rows, ext, g):
+    """The rms_norm backward launches (dx and dW; d residual and the residual_out gradient when fused),
+    Triton against native, training-sized rows, bf16."""
+    for (N, H), fused in [(shape, fused) for shape in ((1024, 4096), (16384, 4096), (16384, 8192))
+                          for fused in (False, True)]:
+        h = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
+        w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
+        rstd = torch.rsqrt(h.float().square().mean(1) + 1e-6)
+        gy = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
+        gr = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16) if fused else None
+        args = (gy, gr, h, w, rstd, 0.0, True, fused)
+        want = rmsnorm.launch_backward(*args)
+        calls = {"triton backward launch": lambda: rmsnorm.launch_backward(*args),
+                 "native backward launch": lambda: native._rmsnorm_backward(ext, *args)}
+        time_calls(rows, calls, lambda name, got: {
+            "op": "rms_norm bwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
+            "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want))})
 
 
 def selected_logp_rows(rows, admitted, g):

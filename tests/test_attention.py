@@ -517,3 +517,31 @@ def test_package_level_call_is_attention(device):
     a = rlk_triton.attention(q, k, v, cu)
     b = attention(q, k, v, cu)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_an_unused_lse_costs_no_zeros_in_the_backward(device, monkeypatch):
+    """Only out gets a gradient: the backward receives no lse gradient (None, so the preprocess
+    kernel's HAS_DLSE branch is off) instead of a materialized [Hq, N] of zeros, and the gradients are
+    the ones a zero lse gradient gives, bit for bit."""
+    from rlk_triton.ops import attention as attention_ops
+
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(20, 2, 16, generator=gen).to(device) for _ in range(3))
+    dout = torch.randn(20, 2, 16, generator=gen).to(device)
+    seen, real = [], attention_ops.call_attention_bwd
+
+    def spy(*args):
+        seen.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(attention_ops, "call_attention_bwd", spy)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention(*leaves)
+    alone = torch.autograd.grad(out, leaves, dout)
+    assert seen == [None]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention(*leaves)
+    with_zero = torch.autograd.grad((out, lse), leaves, (dout, torch.zeros_like(lse)))
+    assert seen[1] is not None
+    for a, b in zip(alone, with_zero):
+        assert torch.equal(a, b)
