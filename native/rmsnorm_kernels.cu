@@ -380,43 +380,56 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   const int t = threadIdx.x;
   const int64_t row0 = (int64_t)blockIdx.x * rows_per_block;
   const int64_t row_end = row0 + rows_per_block < N ? row0 + rows_per_block : N;
-  float wk[E], dw[E];
+  // Registers: the weight and the rows stay raw bits, and xhat / gw are recomputed where used (the same
+  // operations, so the same bits), so that the 16-warp tiles keep the next row's loads in flight without
+  // spilling; PREFETCH only where that fits the register file (an estimate of the live registers).
+  constexpr int REGS = 65536 / THREADS < 255 ? 65536 / THREADS : 255;
+  constexpr bool PREFETCH = 5 * WORDS + E + 32 <= REGS;
+  unsigned wb[WORDS];
   {
-    unsigned wb[WORDS];
     const bool w_ok = aligned_for(w, VEC);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL>(w, c * VEC * THREADS + t * VEC, H, w_ok, wb, c * VEC);
-#pragma unroll
-    for (int k = 0; k < E; ++k) {
-      wk[k] = __fadd_rn(weight_offset, elem_f32<T>(wb, k));
-      dw[k] = 0.0f;
-    }
   }
+  float dw[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) dw[k] = 0.0f;
   __shared__ float warp_sums[2][WARPS];  // two rows' buffers: one barrier per row
-  for (int64_t row = row0; row < row_end; ++row) {
-    unsigned hb[WORDS], gb[WORDS], rb[GRES ? WORDS : 1];
+  // A row's h, g (and the residual_out gradient) as raw bits. With PREFETCH, as Triton's kernel, the
+  // next row's loads are issued before this row's reduction (the last row is read twice rather than
+  // branched around).
+  unsigned hn[WORDS], gn[WORDS], rn[GRES ? WORDS : 1];
+  auto load_row = [&](int64_t row) {
     const T* hr = h + row * h_row_stride;
     const T* gr = g + row * (int64_t)H;
     const bool h_ok = FULL || aligned_for(hr, VEC), g_ok = FULL || aligned_for(gr, VEC);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int lane0 = c * VEC * THREADS + t * VEC;
-      load_lanes<T, VEC, FULL, true>(hr, lane0, H, h_ok, hb, c * VEC);
-      load_lanes<T, VEC, FULL, true>(gr, lane0, H, g_ok, gb, c * VEC);
-      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(gres + row * (int64_t)H, lane0, H, g_ok, rb, c * VEC);
+      load_lanes<T, VEC, FULL, true>(hr, lane0, H, h_ok, hn, c * VEC);
+      load_lanes<T, VEC, FULL, true>(gr, lane0, H, g_ok, gn, c * VEC);
+      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(gres + row * (int64_t)H, lane0, H, g_ok, rn, c * VEC);
     }
+  };
+  if (PREFETCH && row0 < row_end) load_row(row0);
+  for (int64_t row = row0; row < row_end; ++row) {
+    if (!PREFETCH) load_row(row);
+    unsigned hb[WORDS], gb[WORDS], rb[GRES ? WORDS : 1];
+#pragma unroll
+    for (int k = 0; k < WORDS; ++k) {
+      hb[k] = hn[k];
+      gb[k] = gn[k];
+      if constexpr (GRES) rb[k] = rn[k];
+    }
+    if (PREFETCH) load_row(row + 1 < row_end ? row + 1 : row);
     const float r = rstd[row];
-    float xhat[E], gw[E];
-#pragma unroll
-    for (int k = 0; k < E; ++k) {
-      xhat[k] = __fmul_rn(r, elem_f32<T>(hb, k));
-      gw[k] = __fmul_rn(wk[k], elem_f32<T>(gb, k));
-    }
-    float s = __fmaf_rn(gw[0], xhat[0], 0.0f);
+    auto xhat = [&](int k) { return __fmul_rn(r, elem_f32<T>(hb, k)); };
+    auto gw = [&](int k) { return __fmul_rn(__fadd_rn(weight_offset, elem_f32<T>(wb, k)), elem_f32<T>(gb, k)); };
+    float s = __fmaf_rn(gw(0), xhat(0), 0.0f);
     if constexpr (E > 1) {
-      s = __fadd_rn(s, __fmaf_rn(gw[1], xhat[1], 0.0f));
+      s = __fadd_rn(s, __fmaf_rn(gw(1), xhat(1), 0.0f));
 #pragma unroll
-      for (int k = 2; k < E; ++k) s = __fadd_rn(__fmaf_rn(gw[k], xhat[k], 0.0f), s);
+      for (int k = 2; k < E; ++k) s = __fadd_rn(__fmaf_rn(gw(k), xhat(k), 0.0f), s);
     }
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, d));
@@ -434,7 +447,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const int k = c * VEC + j;
-        float dh = __fmaf_rn(-xhat[k], c_mean, gw[k]);
+        float dh = __fmaf_rn(-xhat(k), c_mean, gw(k));
         if constexpr (GRES) dh = __fmaf_rn(dh, r, elem_f32<T>(rb, k));
         else dh = __fmul_rn(dh, r);
         set_elem<T>(b, j, from_f32(T(), dh));
@@ -445,7 +458,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
     }
     if (with_dw) {
 #pragma unroll
-      for (int k = 0; k < E; ++k) dw[k] = __fmaf_rn(xhat[k], elem_f32<T>(gb, k), dw[k]);
+      for (int k = 0; k < E; ++k) dw[k] = __fmaf_rn(xhat(k), elem_f32<T>(gb, k), dw[k]);
     }
   }
   if (with_dw) {
