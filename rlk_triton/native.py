@@ -136,10 +136,10 @@ def _rmsnorm_native(ext, x, w, eps, offset, residual=None):
     return fwd + ((dx, dw) if residual is None else (dx, dw, dres))
 
 
-def _rmsnorm_forward(ext, x, w, eps, offset, residual=None):
+def _rmsnorm_forward(ext, x, w, eps, offset, residual=None, layout=None):
     from .ops.launch import stream_handle
 
-    block, warps, vec, rows = _rmsnorm_config(x, residual=residual)
+    block, warps, vec, rows = layout or _rmsnorm_config(x, residual=residual)
     if vec is None:
         raise InputError("residual", "no native layout for the fused add with H not a multiple of 16 and a row "
                          "stride that is one (docs/native.md)")
@@ -493,10 +493,11 @@ def load(op: str):
                  extra_cuda_cflags=list(BUILD_FLAGS), verbose=False)
 
 
-def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None):
+def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None, layout=None):
     """(y, rstd), or (y, residual_out, rstd) with the residual, of the admitted native rms_norm forward
-    (rlk_triton.ops.rmsnorm calls it for backend="cuda_native" after checking the admission)."""
-    return _rmsnorm_forward(load("rmsnorm"), x, weight, eps, weight_offset, residual)
+    (rlk_triton.ops.rmsnorm calls it for backend="cuda_native" after checking the admission, with the
+    _rmsnorm_config layout it checked)."""
+    return _rmsnorm_forward(load("rmsnorm"), x, weight, eps, weight_offset, residual, layout)
 
 
 def rms_norm_bwd(grad_y, grad_residual, h, weight, rstd, weight_offset: float, with_dw: bool, with_dres: bool):

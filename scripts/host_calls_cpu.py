@@ -6,8 +6,10 @@ the GPU host: the launches themselves are not counted, and a GPU machine's CPU i
     python scripts/host_calls_cpu.py [--json FILE] [--label TEXT]
 
 Kernels are never run: rlk_triton.ops.launch.CachedLaunch.launch is replaced by a no-op and the
-interpreter flag is faked so that CPU tensors pass the device checks; outputs are garbage. Each row:
-the median over 7 rounds of 2000 calls, microseconds per call.
+interpreter flag is faked so that CPU tensors pass the device checks; outputs are garbage. The
+backend="cuda_native" rows run the public native path against a stand-in extension that returns
+preallocated outputs, as if admitted: what that path costs in Python before the binding's own ~20 us
+(docs/native.md). Each row: the median over 7 rounds of 2000 calls, microseconds per call.
 """
 import argparse
 import json
@@ -23,8 +25,11 @@ _runtime.interpreter_active = lambda: True  # CPU tensors pass the device checks
 from rlk_triton.ops import launch  # noqa: E402
 
 launch.CachedLaunch.launch = lambda self, grid, args, meta: None
+launch.stream_handle = lambda index: 0  # no CUDA stream here
 
 import torch  # noqa: E402
+
+from rlk_triton import native  # noqa: E402
 
 from rlk_triton.attention import attention_decode  # noqa: E402
 from rlk_triton.logp import selected_logp  # noqa: E402
@@ -62,14 +67,31 @@ def calls():
     def policy_fwd_bwd():  # the issue's shape; only the loss is differentiated
         return torch.autograd.grad(policy_loss(lp, old_lp, adv, mask=active)[0], lp)
 
+    class NativeStandIn:  # the bindings' return values, preallocated: the Python path alone is timed
+        rms = [torch.empty(8, 4096, dtype=bf), torch.empty(0, dtype=bf), torch.empty(8)]
+        slp = [torch.empty(1) for _ in range(4)]
+
+        @classmethod
+        def rms_norm_fwd(cls, *args):
+            return cls.rms
+
+        @classmethod
+        def selected_logp_fwd(cls, *args):
+            return cls.slp
+
+    native.load = lambda op: NativeStandIn
+    native.usable = lambda op, device: (True, None)
     return {
         "rms_norm fwd [8 x 4096]": lambda: rms_norm(x, w),
+        "rms_norm(backend='cuda_native') fwd [8 x 4096]": lambda: rms_norm(x, w, backend="cuda_native"),
         "rms_norm fwd+bwd [8 x 4096]": rms_fwd_bwd,
         "swiglu fwd [8 x 14336]": lambda: swiglu(gate, up),
         "matmul [8 x 4096] @ [4096 x 4096]^T": lambda: matmul(x, W.t()),
         "embedding fwd 8 ids": lambda: embedding(ids, E),
         "apply_rope 8 tokens, 32 + 8 heads": lambda: apply_rope(q, k, cos, sin, pos),
         "selected_logp [1 x 151936]": lambda: selected_logp(logits, target),
+        "selected_logp(backend='cuda_native') [1 x 151936]": lambda: selected_logp(logits, target,
+                                                                                  backend="cuda_native"),
         "attention_decode 8 seqs x 1000 cached": lambda: attention_decode(q, kc, kc, bt, lens),
         "policy_loss fwd+bwd [256 x 4096]": policy_fwd_bwd,
     }

@@ -183,7 +183,7 @@ def test_an_admitted_native_rms_norm_runs_forward_and_backward(device, monkeypat
     the fused residual add, and the backward goes through the native entry."""
     from rlk_triton.ops import rmsnorm
 
-    def fwd(x, w, eps, offset, residual=None):
+    def fwd(x, w, eps, offset, residual=None, layout=None):
         y, res_out, rstd = rmsnorm.launch_forward(x, w, residual, eps, offset)
         return (y, rstd) if residual is None else (y, res_out, rstd)
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import configs
+from .. import configs, native
 from .._runtime import arch_of, interpreter_active
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
@@ -425,31 +425,26 @@ class _NativeForward(torch.autograd.Function):
     kernels in place of the Triton ones (the same gate admits both)."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, weight_offset):
-        out = _native_outputs(x, weight, residual, eps, weight_offset)
+    def forward(ctx, x, weight, residual, eps, weight_offset, layout):
+        out = _native_outputs(x, weight, residual, eps, weight_offset, layout)
         _setup_context(ctx, (x, weight, residual, eps, weight_offset), out)
         return out
 
     @staticmethod
     def backward(ctx, grad_y, grad_res_out, _grad_rstd):
-        from .. import native
-
-        return _grads(ctx, grad_y, grad_res_out, native.rms_norm_bwd)
+        return _grads(ctx, grad_y, grad_res_out, native.rms_norm_bwd) + (None,)
 
 
-def _native_outputs(x, weight, residual, eps, weight_offset):
-    """(y, residual_out, rstd) of the native forward, as launch_forward returns them."""
-    from .. import native
-
+def _native_outputs(x, weight, residual, eps, weight_offset, layout):
+    """(y, residual_out, rstd) of the native forward, as launch_forward returns them (residual_out
+    empty without the residual); layout: native._rmsnorm_config's, looked up once per call."""
     if residual is None:
-        y, rstd = native.rms_norm_fwd(x, weight, eps, weight_offset)
+        y, rstd = native.rms_norm_fwd(x, weight, eps, weight_offset, layout=layout)
         return y, x.new_empty(0), rstd
-    return native.rms_norm_fwd(x, weight, eps, weight_offset, residual)
+    return native.rms_norm_fwd(x, weight, eps, weight_offset, residual, layout=layout)
 
 
 def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
-    from .. import native
-
     if backend != "cuda_native":
         raise BackendError("backend", f"unknown backend {backend!r} (have: triton, cuda_native)")
     if weight.dtype != x.dtype:
@@ -461,7 +456,8 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
         raise BackendError("backend", f"rmsnorm.cuda_native is not usable here: {why}")
     rows = x.reshape(-1, H)
     res_rows = residual.reshape(-1, H) if residual is not None else None
-    block, warps, vec, _ = native._rmsnorm_config(rows, residual=res_rows)
+    layout = native._rmsnorm_config(rows, residual=res_rows)
+    block, warps, vec, _ = layout
     if block < H or block % (32 * warps):  # what the native kernel has and the gate covered
         raise BackendError("backend", f"cuda_native covers rows of one tile with a lane per thread (H <= {block}"
                            f" and H > {16 * warps} here), got H = {H}: use backend='triton'")
@@ -473,9 +469,9 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
         raise BackendError("backend", "cuda_native needs x, the residual and the weight 16-byte aligned: "
                            "use backend='triton'")
     if wants_grad((x, weight, residual)):
-        y, res_out, _ = _NativeForward.apply(rows, weight, res_rows, eps, weight_offset)
+        y, res_out, _ = _NativeForward.apply(rows, weight, res_rows, eps, weight_offset, layout)
     else:  # a rollout: no graph to record, so not the autograd.Function's host time either
-        y, res_out, _ = _native_outputs(rows, weight, res_rows, eps, weight_offset)
+        y, res_out = native.rms_norm_fwd(rows, weight, eps, weight_offset, res_rows, layout=layout)[:2]
     if residual is None:
         return y.view(x.shape)
     return y.view(x.shape), res_out.view(x.shape)
