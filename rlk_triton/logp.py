@@ -14,6 +14,7 @@ from typing import Union
 
 import torch
 
+from . import native
 from ._runtime import first_id_outside, interpreter_active
 from .errors import (BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
@@ -321,8 +322,6 @@ def _check_shards(group, start, V_local, global_V, hidden2d, flat_targets):
 def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, with_entropy):
     """The native forward where it is admitted and has a kernel for these logits; BackendError saying
     why otherwise (never a silent switch to the Triton kernels)."""
-    from . import native
-
     if torch.compiler.is_compiling():
         raise BackendError("backend", "cuda_native runs in eager only: use backend='triton' under torch.compile")
     ok, why = native.usable("selected_logp", str(logits.device))
@@ -334,13 +333,14 @@ def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, w
     rows = logits if logits.dim() == 2 else logits.view(1, -1)
     if flat_targets.numel() == 0 or rows.shape[1] == 0:
         raise BackendError("backend", "cuda_native needs at least one row and V >= 1: use backend='triton'")
-    block_v, chunk_v, _ = native._slp_config(rows)
+    layout = native._slp_config(rows)
+    chunk_v = layout[1]
     if -(-rows.shape[1] // chunk_v) > 64:
         raise BackendError("backend", f"cuda_native merges at most 64 vocab chunks of {chunk_v} (V <= "
                            f"{64 * chunk_v} here), got V = {rows.shape[1]}: use backend='triton'")
     if rows.data_ptr() % 16:  # the layout rule is known for 16-byte aligned logits only (docs/native.md)
         raise BackendError("backend", "cuda_native needs the logits 16-byte aligned: use backend='triton'")
-    return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy)
+    return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy, layout)
 
 
 def _check_logits(logits, backend) -> tuple[int, ...]:

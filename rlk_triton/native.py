@@ -257,10 +257,11 @@ def _slp_native(ext, logits, target, row_index, temperature, temperature_rows, i
                                 out[2], out[3], out[1]),)
 
 
-def _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
+def _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy,
+                 layout=None):
     from .ops.launch import stream_handle
 
-    block_v, chunk_v, vec = _slp_config(logits)
+    block_v, chunk_v, vec = layout or _slp_config(logits)
     return tuple(ext.selected_logp_fwd(logits, target, row_index, temperature_rows, temperature, ignore_index,
                                        with_entropy, block_v, chunk_v, vec, stream_handle(logits.device.index)))
 
@@ -508,11 +509,12 @@ def rms_norm_bwd(grad_y, grad_residual, h, weight, rstd, weight_offset: float, w
 
 
 def selected_logp_fwd(logits, target, row_index, temperature: float, temperature_rows, ignore_index: int,
-                      with_entropy: bool):
+                      with_entropy: bool, layout=None):
     """(logp, entropy, row_max, row_logsum) of the admitted native selected_logp forward, for [rows, V]
-    logits (rlk_triton.logp calls it for backend="cuda_native" after checking the admission)."""
+    logits (rlk_triton.logp calls it for backend="cuda_native" after checking the admission, with the
+    _slp_config layout it checked)."""
     return _slp_forward(load("selected_logp"), logits, target, row_index, temperature, temperature_rows,
-                        ignore_index, with_entropy)
+                        ignore_index, with_entropy, layout)
 
 
 def selected_logp_bwd(grad_logp, grad_entropy, logits, target, row_index, temperature: float, temperature_rows,

@@ -316,7 +316,7 @@ def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monk
     from rlk_triton.ops import selected_logp as slp
 
     monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
-    monkeypatch.setattr(native, "selected_logp_fwd", lambda *a: tuple(slp.launch_forward(*a)))
+    monkeypatch.setattr(native, "selected_logp_fwd", lambda *a, layout=None: tuple(slp.launch_forward(*a)))
     monkeypatch.setattr(native, "selected_logp_bwd", slp.launch_backward)
     g = torch.Generator().manual_seed(4)
     logits = (torch.randn(5, 300, generator=g) * 3).to(device, torch.bfloat16)

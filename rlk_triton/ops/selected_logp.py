@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import configs
+from .. import configs, native
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
-from .dispatch import autograd_op, direct
+from .dispatch import autograd_op, direct, wants_grad
 from .launch import cached, cdiv, next_power_of_2
 
 
@@ -401,21 +401,18 @@ call_selected_logp_bwd = direct(selected_logp_bwd)
 
 def _native_backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum):
     """_backward through the native backward kernel (the Triton kernel's arithmetic, gated with it)."""
-    from .. import native
-
     return (native.selected_logp_bwd(*_backward_args(ctx, grad_logp, grad_entropy)),
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 class _NativeForward(torch.autograd.Function):
     """The native forward and backward, with the custom op's setup_context on the same saved tensors."""
 
     @staticmethod
-    def forward(ctx, logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy):
-        from .. import native
-
+    def forward(ctx, logits, target_ids, row_index, temperature, temperature_rows, ignore_index, with_entropy,
+                layout):
         out = native.selected_logp_fwd(logits, target_ids, row_index, temperature, temperature_rows, ignore_index,
-                                       with_entropy)
+                                       with_entropy, layout=layout)
         _setup_context(ctx, (logits, target_ids, row_index, temperature, temperature_rows, ignore_index,
                              with_entropy), out)
         ctx.mark_non_differentiable(*out[2:])
@@ -424,15 +421,12 @@ class _NativeForward(torch.autograd.Function):
     backward = staticmethod(_native_backward)
 
 
-def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy):
+def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy, layout):
     """(logp, entropy, row_max, row_logsum) through the native kernels: the caller has checked the
-    admission and the layout (rlk_triton.logp._native_selected_logp)."""
-    from .. import native
-    from .dispatch import wants_grad
-
+    admission and the layout (native._slp_config's, passed on: rlk_triton.logp._native_selected_logp)."""
     if wants_grad((logits2d,)):
         return _NativeForward.apply(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
-                                    with_entropy)
+                                    with_entropy, layout)
     # a rollout: no graph to record, so not the autograd.Function's host time either
     return native.selected_logp_fwd(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
-                                    with_entropy)
+                                    with_entropy, layout=layout)
