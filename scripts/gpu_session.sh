@@ -4,14 +4,14 @@
 # eager and the GEMM bound (gpu_linear_logp.py), the attention backward split thresholds and SDPA rows
 # (gpu_attention_split.py), a host-time profile (gpu_host_profile.py), the attention backward tile sweep
 # (gpu_attention_tiles.py), the attention forward's Hopper levers (gpu_attention_fwd_levers.py). Each step has its own time box; everything lands under $OUT.
-#   RLK_COMMIT=<sha> [STEPS="tests native host ll split"] bash scripts/gpu_session.sh
+#   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
 export RLK_NATIVE_CACHE=$OUT/native
 T0=$(date +%s)
 C=${RLK_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for step in ${STEPS:-tests native host ll split}; do
+for step in ${STEPS:-native tests host ll split}; do  # native first: its records let the tests run the admitted paths
   case $step in
     tests) timeout ${TESTS_S:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider --durations=8 ${TESTS:-tests/test_native.py \
              tests/test_cuda_graphs.py tests/test_linear_logp_saved.py tests/test_dispatch.py \

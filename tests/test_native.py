@@ -136,6 +136,60 @@ def test_native_kernel_through_the_gate(tmp_path, monkeypatch, op):
     assert native.admission(op)[0]
 
 
+def _graph_replay(fn):
+    """fn's outputs from a CUDA-graph replay (captured after a warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return static
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(native.OPS))
+def test_admitted_native_calls_give_the_triton_bits_and_replay_in_a_graph(op):
+    """Where this process's records admit the op (scripts/gpu_session.sh runs the gate first): the
+    public cuda_native call, forward and backward through autograd, gives the Triton backend's bits,
+    and its no-grad call replays in a CUDA graph with the eager bits."""
+    ok, why = native.usable(op, "cuda:0")
+    if not ok:
+        pytest.skip(f"{op} not admitted here: {why}")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    bf = torch.bfloat16
+    if op == "rmsnorm":
+        from rlk_triton.ops.rmsnorm import rms_norm
+
+        x, r, gy, gr = (torch.randn(64, 4096, device="cuda", generator=g).to(bf) for _ in range(4))
+        w = (torch.randn(4096, device="cuda", generator=g) * 0.5 + 1).to(bf)
+
+        def run(backend, grad):
+            leaves = [t.clone().requires_grad_(grad) for t in (x, w, r)]
+            y, res = rms_norm(leaves[0], leaves[1], residual=leaves[2], weight_offset=1.0, backend=backend)
+            return [y, res] + (list(torch.autograd.grad((y, res), leaves, (gy, gr))) if grad else [])
+    else:
+        from rlk_triton.logp import selected_logp
+
+        x = (torch.randn(8, 151936, device="cuda", generator=g) * 4).to(bf)
+        t = torch.randint(0, 151936, (8,), device="cuda", generator=g)
+        gl, ge = torch.randn(8, device="cuda", generator=g), torch.randn(8, device="cuda", generator=g)
+
+        def run(backend, grad):
+            leaf = x.clone().requires_grad_(grad)
+            logp, ent = selected_logp(leaf, t, temperature=0.8, return_entropy=True, validate=False, backend=backend)
+            return [logp, ent] + (list(torch.autograd.grad((logp, ent), leaf, (gl, ge))) if grad else [])
+    want, got = run("triton", True), run("cuda_native", True)
+    assert all(native.same_bits(a, b) for a, b in zip(want, got))
+    eager = [o.clone() for o in run("cuda_native", False)]
+    replayed = _graph_replay(lambda: run("cuda_native", False))
+    assert all(native.same_bits(a, b) for a, b in zip(eager, replayed)) and len(replayed) == 2
+
+
 # ---- the registry and the call path ----
 
 def test_capabilities_list_the_native_backend_with_why_it_is_unavailable():
