@@ -286,14 +286,24 @@ struct MergeRow {
     t_c = ENT && have ? at[2 * plane] : 0.0f;
   }
 
-  // The row's results from its merged state (m, s, t), written by the one thread that calls it.
+  // The row's results {logp, row max, log-sum, entropy} from its merged state (m, s, t).
+  __device__ __forceinline__ void results(const Args& a, float m, float s, float t, float (&out)[4]) const {
+    row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, out[0], out[2], out[3]);
+    out[1] = m;
+  }
+
+  // Written by the one thread that calls it.
+  __device__ __forceinline__ void store(const Args& a, const float (&out)[4]) const {
+    a.logp[block_row] = out[0];
+    a.row_max[block_row] = out[1];
+    a.row_logsum[block_row] = out[2];
+    if (ENT) a.entropy[block_row] = out[3];
+  }
+
   __device__ __forceinline__ void store(const Args& a, float m, float s, float t) const {
-    float logp, log_s, entropy;
-    row_results<T>(a, row_ptr, inv_t, index_at(a.target, a.target_32, pid), row_ok, m, s, t, logp, log_s, entropy);
-    a.logp[block_row] = logp;
-    a.row_max[block_row] = m;
-    a.row_logsum[block_row] = log_s;
-    if (ENT) a.entropy[block_row] = entropy;
+    float out[4];
+    results(a, m, s, t, out);
+    store(a, out);
   }
 };
 
@@ -337,18 +347,27 @@ __device__ __forceinline__ void merge_state(const Row& r, Combine combine, float
 template <typename T, int CHUNKS, int MERGE_ROWS, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
 __global__ void __launch_bounds__(128) slp_merge_kernel(Args a) {
   constexpr int ROWS_PER_PASS = 4 * 32 / CHUNKS;
-  const int lane = threadIdx.x % CHUNKS;
+  __shared__ float kept[4][ROWS_PER_PASS];  // [result][row of the pass]
+  const int lane = threadIdx.x % CHUNKS, slot = threadIdx.x / CHUNKS;
 #pragma unroll  // (straight-line code: the emulator runs loops only with a uniform back edge)
   for (int base = 0; base < MERGE_ROWS; base += ROWS_PER_PASS) {
-    const MergeRow<T, ENT, ROW_INDEX, PER_ROW_T> r(a, (int64_t)blockIdx.x * MERGE_ROWS + base + threadIdx.x / CHUNKS,
-                                                   lane);
+    const MergeRow<T, ENT, ROW_INDEX, PER_ROW_T> r(a, (int64_t)blockIdx.x * MERGE_ROWS + base + slot, lane);
     float m, s, t;
     merge_state<CHUNKS, ENT>(r, [](float v, bool) { return v; }, m, s, t);
-    // The row's lanes hold two candidate sums (lanes_sum_of_products). Triton's kernel writes every
-    // lane's copy to one shared address and stores what remains: the highest lane's on the GPU as the
-    // emulator models it (the last write wins), so the row's last lane stores here. The GPU gate
-    // checks this assumption.
-    if (lane == CHUNKS - 1 && r.ok) r.store(a, m, s, t);
+    // The row's lanes hold two candidate sums (lanes_sum_of_products), so two candidate results. As in
+    // Triton's kernel, every lane of the row writes its results to the row's one shared slot, one
+    // result per store instruction, and what the slot keeps is stored: the same writes from the same
+    // lanes, so whichever write the hardware keeps, it keeps the same one in both kernels (the
+    // emulator keeps the last, the row's highest lane). The GPU gate checks the bits.
+    float out[4];
+    r.results(a, m, s, t, out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) kept[k][slot] = out[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = kept[k][slot];
+    __syncthreads();  // the next pass writes the slots again
+    if (lane == 0 && r.ok) r.store(a, out);
   }
 }
 

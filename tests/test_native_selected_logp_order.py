@@ -153,6 +153,7 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
         w = (np.where(s_c > 0, (d_c * s_c).astype(F), F(0)) + t_c).astype(F)
         t = halves_sum(w, beta) if entropy else F(0)
     else:  # the merge: lane % C = chunk, the first butterfly step contracted, the last lane's sums
+        # (the row's shared write that the emulator keeps)
         C = 1 << (n_chunks - 1).bit_length()
         pad = [(F(-np.inf), F(0), F(0))] * (C - n_chunks)
         m_c, s_c, t_c = (np.array(v, F) for v in zip(*(states + pad)))
