@@ -65,7 +65,7 @@ def selected_logp(
             same contract), or "cuda_native": the native kernels (docs/native.md), only where
             `rlk-triton native admit --op selected_logp` recorded it bitwise equal to the Triton
             kernels under this process's fingerprint (BackendError saying why otherwise); logits
-            [N, V] or [V], eager only; forward and backward.
+            whose leading dims view as [N, V] (dense row strides), eager only; forward and backward.
             rlk_triton.policy.resolve chooses one for a framework.
 
     Returns:
@@ -327,10 +327,11 @@ def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, w
     ok, why = native.usable("selected_logp", str(logits.device))
     if not ok:
         raise BackendError("backend", f"selected_logp.cuda_native is not usable here: {why}")
-    if logits.dim() > 2:
-        raise BackendError("backend", f"cuda_native takes logits [N, V] or [V], got {tuple(logits.shape)}: "
-                           "use backend='triton' (or a [N, V] view)")
-    rows = logits if logits.dim() == 2 else logits.view(1, -1)
+    rows = native._slp_rows(logits)
+    if rows is None:
+        raise BackendError("backend", f"cuda_native takes logits whose leading dims view as [N, V] (dense row "
+                           f"strides), got shape {tuple(logits.shape)} with strides {logits.stride()}: "
+                           "use backend='triton'")
     if flat_targets.numel() == 0 or rows.shape[1] == 0:
         raise BackendError("backend", "cuda_native needs at least one row and V >= 1: use backend='triton'")
     layout = native._slp_config(rows)

@@ -222,6 +222,20 @@ def _slp_layout(arch: str, dtype: torch.dtype, V: int, stride_16: bool):
     return cfg.block_v, split.block_v, min(16 // dtype.itemsize, cfg.block_v // 32) if stride_16 else 1
 
 
+def _slp_rows(logits):
+    """[..., V] logits as the [N, V] rows the native kernels take, or None. A view, for leading dims with
+    the strides of a dense [N, V] (every stride, a size-1 dim's too: Triton's 3-D addressing reads both
+    strides, so a [1, T, V] whose first stride is not T * V's is laid out by the other one), where
+    Triton's [B, T, V] launch has the [N, V] launch's layout (scripts/native_ptx_compare.py's 3-D cases)."""
+    if logits.dim() == 2:
+        return logits
+    if logits.dim() == 1:
+        return logits.view(1, -1)
+    if any(logits.stride(i) != logits.stride(i + 1) * logits.shape[i + 1] for i in range(logits.dim() - 2)):
+        return None
+    return logits.view(-1, logits.shape[-1])
+
+
 def _slp_bwd_vec(logits) -> int:
     """The native backward's elements per thread access: 16 bytes' worth where every row start of the
     logits and of d logits ([rows, V], contiguous) stays 16-byte aligned, else 1. Speed only: the
@@ -250,11 +264,12 @@ def _slp_triton(logits, target, row_index, temperature, temperature_rows, ignore
 
 
 def _slp_native(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy):
-    """_slp_triton's outputs from the native kernels."""
-    out = _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy)
+    """_slp_triton's outputs from the native kernels ([..., V] logits through their [N, V] view)."""
+    rows = _slp_rows(logits)
+    out = _slp_forward(ext, rows, target, row_index, temperature, temperature_rows, ignore_index, with_entropy)
     g, h = _slp_upstream(target.numel(), with_entropy, logits.device)
-    return out + (_slp_backward(ext, g, h, logits, target, row_index, temperature, temperature_rows, ignore_index,
-                                out[2], out[3], out[1]),)
+    return out + (_slp_backward(ext, g, h, rows, target, row_index, temperature, temperature_rows, ignore_index,
+                                out[2], out[3], out[1]).view(logits.shape),)
 
 
 def _slp_forward(ext, logits, target, row_index, temperature, temperature_rows, ignore_index, with_entropy,
@@ -309,6 +324,11 @@ def _slp_cases(device) -> list:
             out.append((f"{str(dt)[6:]} V={V} row indices, int32 ids, T=0.7",
                         (x.to(device), torch.randint(0, V, (6,), generator=g, dtype=torch.int32).to(device),
                          rows.to(device), 0.7, None, -100, True)))
+        for B, T, V in ((2, 3, 151936), (3, 2, 50257), (2, 2, 8000)):  # [B, T, V]: Triton's 3-D addressing
+            x = (torch.randn(B, T, V, generator=g) * 4).to(dt)
+            out.append((f"{str(dt)[6:]} [{B}, {T}, {V}] logits",
+                        (x.to(device), torch.randint(0, V, (B * T,), generator=g).to(device), None, 1.0, None, -100,
+                         True)))
     return out
 
 

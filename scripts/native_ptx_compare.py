@@ -282,8 +282,9 @@ def rmsnorm_bwd_cases():
     return out
 
 
-def triton_slp_ptx(kernel: str, dtype, V: int, n: int, row_stride: int, total_rows: int, flags: dict):
-    """(ptx, warps) of Triton's selected_logp forward launch ("chunk" or "merge") for these values."""
+def triton_slp_ptx(kernel: str, dtype, V: int, n: int, row_stride: int, total_rows: int, flags: dict, inner=1):
+    """(ptx, warps) of Triton's selected_logp forward launch ("chunk" or "merge") for these values; inner > 1:
+    [B, inner, V] logits (rows inner * row_stride apart between sequences, row_stride within one)."""
     cfg = configs.lookup("selected_logp_fwd", "sm90", dtype, V)
     split = configs.lookup("selected_logp_chunk", "sm90", dtype, V)
     n_chunks = slp.chunk_count(V, split.block_v)
@@ -292,8 +293,9 @@ def triton_slp_ptx(kernel: str, dtype, V: int, n: int, row_stride: int, total_ro
         return torch.empty(max(k, 1))
 
     ids = torch.empty(n, dtype=torch.int64)
-    args = dict(logits_ptr=torch.empty(total_rows * row_stride, dtype=dtype), stride_outer=row_stride,
-                stride_inner=0, inner_size=1, target_ptr=ids, row_index_ptr=ids, temperature_ptr=f(n),
+    args = dict(logits_ptr=torch.empty(total_rows * row_stride, dtype=dtype), stride_outer=row_stride * inner,
+                stride_inner=row_stride if inner > 1 else 0, inner_size=inner, target_ptr=ids, row_index_ptr=ids,
+                temperature_ptr=f(n),
                 temperature=1.0, logp_ptr=f(n), entropy_ptr=f(n), row_max_ptr=f(n), row_logsum_ptr=f(n),
                 state_ptr=f(3 * n * n_chunks), V=V, ignore_index=-100, n_rows=n, n_chunks=n_chunks,
                 total_rows=total_rows, **flags)
@@ -325,8 +327,10 @@ def slp_inputs(dtype, V, n, seed, row_stride, total_rows, row_index, per_row_t):
 
 
 def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, entropy=True, row_index=False,
-             per_row_t=False, temperature=1.0) -> dict:
-    """Both implementations on the same logits; targets ignored and out of range, a bad row index."""
+             per_row_t=False, temperature=1.0, inner=1) -> dict:
+    """Both implementations on the same logits; targets ignored and out of range, a bad row index. inner > 1:
+    Triton reads the rows as [n / inner, inner, V] logits (its 3-D addressing), the native kernel as the
+    [n, V] view of them (rlk_triton.logp's cuda_native path views [B, T, V] so)."""
     row_stride = row_stride or V
     total_rows = n + 2 if row_index else n
     g, logits, target, rows, temps = slp_inputs(dtype, V, n, seed, row_stride, total_rows, row_index, per_row_t)
@@ -334,6 +338,8 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     n_chunks = slp.chunk_count(V, chunk_v)
     row = {"dtype": str(dtype)[6:], "V": V, "rows": n, "row_stride": row_stride, "entropy": entropy,
            "row_index": row_index, "per_row_temperature": per_row_t, "temperature": temperature}
+    if inner > 1:
+        row["leading"] = [n // inner, inner]
     if n_chunks > 64:
         return dict(row, result="refused by the native launcher")
     flags = dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY=entropy)
@@ -349,10 +355,10 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
 
     mem = Memory(size)
     la, ta, ra, tra, outs, st = regions(mem)
-    params = [la, row_stride, 0, 1, ta, ra, tra, f2u(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks,
-              total_rows, 0, 0]
+    params = [la, row_stride * inner] + ([row_stride, inner] if inner > 1 else [0, 1]) + \
+        [ta, ra, tra, f2u(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks, total_rows, 0, 0]
     for kernel in ("chunk", "merge") if n_chunks > 1 else ("chunk",):
-        ptx, warps = triton_slp_ptx(kernel, dtype, V, n, row_stride, total_rows, flags)
+        ptx, warps = triton_slp_ptx(kernel, dtype, V, n, row_stride, total_rows, flags, inner)
         code = emu.entry(as_ptxas_compiles(ptx))
         for cta in ([(r, c) for r in range(n) for c in range(n_chunks)] if kernel == "chunk"
                     else range(-(-n // slp.MERGE_ROWS))):
@@ -464,6 +470,9 @@ def slp_cases():
             (torch.float16, 50257, 4, dict(row_stride=50264, entropy=False)), (bf, 16000, 40, {}),
             (bf, 262144, 2, {}), (torch.float32, 262144, 3, {}), (torch.float32, 151936, 40, dict(entropy=False)),
             (bf, 393216, 2, {})]
+    # [B, T, V] logits: Triton's 3-D addressing against the native kernel on the [N, V] view
+    out += [(bf, 151936, 6, dict(inner=3)), (torch.float16, 50257, 4, dict(inner=2)),
+            (torch.float32, 32000, 6, dict(inner=3)), (bf, 8000, 4, dict(inner=2))]
     return out
 
 

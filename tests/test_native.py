@@ -389,6 +389,16 @@ def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monk
     with torch.no_grad():  # a rollout: no graph, the native forward alone
         out = selected_logp(logits[0], t[0], temperature=0.7, backend="cuda_native")
         assert torch.equal(out, selected_logp(logits[0], t[0], temperature=0.7))
+    # [B, T, V] logits reach the native kernels as their [N, V] view; values and gradients unchanged
+    x3 = logits[:4].view(2, 2, 300)
+    outs = []
+    for backend in ("triton", "cuda_native"):
+        x = x3.clone().requires_grad_()
+        logp = selected_logp(x, t[:4].view(2, 2), backend=backend)
+        logp.sum().backward()
+        outs.append((logp.detach(), x.grad))
+    for a, b in zip(*outs):
+        assert a.shape == b.shape and torch.equal(a, b)
 
 
 def test_selected_logp_cuda_native_refuses_what_it_has_no_kernel_for(device, monkeypatch):
@@ -400,15 +410,31 @@ def test_selected_logp_cuda_native_refuses_what_it_has_no_kernel_for(device, mon
     monkeypatch.setattr(native, "usable", lambda op, dev: (True, None))
     layout = native._slp_config
     monkeypatch.setattr(native, "_slp_config", lambda x: layout(x, "sm90"))  # the H200's table
-    with pytest.raises(BackendError, match=r"\[N, V\] or \[V\]"):
-        selected_logp(torch.randn(2, 3, 64, device=device), torch.zeros(2, 3, dtype=torch.long, device=device),
+    with pytest.raises(BackendError, match=r"view as \[N, V\]"):  # rows of a [2, 4, 64] not one stride apart
+        selected_logp(torch.randn(2, 4, 64, device=device)[:, :3], torch.zeros(2, 3, dtype=torch.long, device=device),
                       backend="cuda_native")
+    with pytest.raises(BackendError, match=r"view as \[N, V\]"):  # a size-1 dim whose stride is not dense
+        selected_logp(torch.randn(3, 64, device=device).expand(1, 3, 64).as_strided((1, 3, 64), (8, 64, 1)),
+                      torch.zeros(1, 3, dtype=torch.long, device=device), backend="cuda_native")
     with pytest.raises(BackendError, match="at most 64 vocab chunks"):
         selected_logp(torch.zeros(1, 64 * 4096 + 1, device=device), torch.zeros(1, dtype=torch.long, device=device),
                       backend="cuda_native")
     buf = torch.zeros(2 * 64 + 1, device=device, dtype=torch.bfloat16)
     with pytest.raises(BackendError, match="16-byte aligned"):
         selected_logp(buf[1:].view(2, 64), torch.zeros(2, dtype=torch.long, device=device), backend="cuda_native")
+
+
+def test_native_selected_logp_views_dense_leading_dims_as_rows():
+    """[B, T, V] (and more leading dims) with dense row strides become the [N, V] view, a size-1 dim's
+    stride included; anything else has no native rows (BackendError on the call path)."""
+    x = torch.empty(2, 3, 64)
+    assert native._slp_rows(x).shape == (6, 64) and native._slp_rows(x).data_ptr() == x.data_ptr()
+    assert native._slp_rows(torch.empty(2, 2, 3, 64)).shape == (12, 64)
+    assert native._slp_rows(torch.empty(64)).shape == (1, 64)
+    assert native._slp_rows(torch.empty(2, 4, 64)[:, :3]) is None
+    assert native._slp_rows(torch.empty(1, 3, 64).as_strided((1, 3, 64), (8, 64, 1))) is None
+    strided_rows = torch.empty(2, 3, 80)[:, :, :64]  # rows 80 apart: a dense [6, 64] view with stride 80
+    assert native._slp_rows(strided_rows).stride() == (80, 1)
 
 
 def test_selected_logp_native_layout_follows_the_row_stride():
