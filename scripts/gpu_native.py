@@ -89,7 +89,7 @@ def main():
             "bitwise": all(native.same_bits(a, b) for a, b in zip(got[:len(want)], want))})
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-    rmsnorm_backward_rows(rows, ext, g)
+    rmsnorm_backward_rows(rows, ext, g, gate["admitted"])
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
@@ -97,9 +97,10 @@ def main():
         json.dump(report, f, indent=1)
 
 
-def rmsnorm_backward_rows(rows, ext, g):
+def rmsnorm_backward_rows(rows, ext, g, admitted):
     """The rms_norm backward launches (dx and dW; d residual and the residual_out gradient when fused),
-    Triton against native, training-sized rows, bf16."""
+    Triton against native, training-sized rows, bf16; then the public fwd+bwd call (torch.autograd.grad)
+    per backend, the issue's [16384 x 4096] target (native only where admitted)."""
     for (N, H), fused in [(shape, fused) for shape in ((1024, 4096), (16384, 4096), (16384, 8192))
                           for fused in (False, True)]:
         h = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
@@ -114,6 +115,15 @@ def rmsnorm_backward_rows(rows, ext, g):
         time_calls(rows, calls, lambda name, got: {
             "op": "rms_norm bwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
             "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want))})
+    h = torch.randn(16384, 4096, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(4096, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    gy = torch.randn(16384, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    public = {f"rms_norm(backend='{b}') fwd+bwd": lambda b=b: torch.autograd.grad(rms_norm(h, w, backend=b), (h, w), gy)
+              for b in ("triton",) + (("cuda_native",) if admitted else ())}
+    want = public["rms_norm(backend='triton') fwd+bwd"]()
+    time_calls(rows, public, lambda name, got: {
+        "op": "rms_norm fwd+bwd (public call)", "shape": "16384 x 4096 bf16",
+        "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want))})
 
 
 def selected_logp_rows(rows, admitted, g):
