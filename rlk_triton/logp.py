@@ -120,8 +120,6 @@ def selected_logp_indexed(
     those rows. Row numbers into logits with no rows at all raise ShapeError either way (no sync).
     """
     lead = _check_logits(logits, backend)
-    if backend == "cuda_native":
-        raise BackendError("backend", "cuda_native has no indexed variant: use backend='triton'")
     n_rows = math.prod(lead)
     if not isinstance(row_indices, torch.Tensor) or row_indices.dim() != 1:
         raise ShapeError("row_indices", "must be a 1-D tensor of row numbers")
@@ -148,6 +146,9 @@ def selected_logp_indexed(
     if backend == "torch_reference":
         logp, entropy = _torch_reference_indexed(logits, target_ids.reshape(-1), row_indices, t_value, t_rows,
                                                  ignore_index, return_entropy)
+    elif backend == "cuda_native":
+        logp, entropy, _, _ = _native_selected_logp(logits, target_ids.contiguous(), t_value, t_rows,
+                                                    int(ignore_index), bool(return_entropy), row_indices)
     else:
         logp, entropy, _, _ = _op.call_selected_logp_fwd(
             logits, target_ids.contiguous(), row_indices, t_value, t_rows, int(ignore_index),
@@ -319,9 +320,10 @@ def _check_shards(group, start, V_local, global_V, hidden2d, flat_targets):
         raise ShapeError("global_vocab_size", f"the shards cover [0, {expect}), not [0, {global_V})")
 
 
-def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, with_entropy):
+def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, with_entropy, row_indices=None):
     """The native forward where it is admitted and has a kernel for these logits; BackendError saying
-    why otherwise (never a silent switch to the Triton kernels)."""
+    why otherwise (never a silent switch to the Triton kernels). row_indices: the scored rows of the
+    [N, V] view (selected_logp_indexed), or None for every row."""
     if torch.compiler.is_compiling():
         raise BackendError("backend", "cuda_native runs in eager only: use backend='triton' under torch.compile")
     ok, why = native.usable("selected_logp", str(logits.device))
@@ -341,7 +343,7 @@ def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, w
                            f"{64 * chunk_v} here), got V = {rows.shape[1]}: use backend='triton'")
     if rows.data_ptr() % 16:  # the layout rule is known for 16-byte aligned logits only (docs/native.md)
         raise BackendError("backend", "cuda_native needs the logits 16-byte aligned: use backend='triton'")
-    return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy, layout)
+    return _op.native_forward(rows, flat_targets, t_value, t_rows, ignore_index, with_entropy, layout, row_indices)
 
 
 def _check_logits(logits, backend) -> tuple[int, ...]:

@@ -81,7 +81,7 @@ def _selected_logp() -> Operator:
                 notes="slow; fixed 16-row chunks make every row's reductions one shape"),
         _native("selected_logp", "kernels native/selected_logp_kernels.cu",
                 {"V": "1 .. 64 vocab chunks (524288 for 2-byte logits, 262144 for float32)",
-                 "leading_dims": "any that view as [N, V] (dense row strides)", "rows": "any"}, "eager only; no indexed variant"),
+                 "leading_dims": "any that view as [N, V] (dense row strides)", "rows": "any"}, "eager only; the indexed variant too"),
     ))
 
 

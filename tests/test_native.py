@@ -185,6 +185,15 @@ def test_admitted_native_calls_give_the_triton_bits_and_replay_in_a_graph(op):
             return [logp, ent] + (list(torch.autograd.grad((logp, ent), leaf, (gl, ge))) if grad else [])
     want, got = run("triton", True), run("cuda_native", True)
     assert all(native.same_bits(a, b) for a, b in zip(want, got))
+    if op == "selected_logp":  # the indexed variant: three rows scored, the gradient zero elsewhere
+        from rlk_triton.logp import selected_logp_indexed
+
+        rows, res = torch.tensor([5, 0, 7], device="cuda"), []
+        for backend in ("triton", "cuda_native"):
+            leaf = x.clone().requires_grad_()
+            lp = selected_logp_indexed(leaf, t[:3], rows, validate=False, backend=backend)
+            res.append((lp,) + torch.autograd.grad(lp, leaf, gl[:3]))
+        assert all(native.same_bits(a, b) for a, b in zip(*res))
     eager = [o.clone() for o in run("cuda_native", False)]
     replayed = _graph_replay(lambda: run("cuda_native", False))
     assert all(native.same_bits(a, b) for a, b in zip(eager, replayed)) and len(replayed) == 2
@@ -357,15 +366,16 @@ def test_selected_logp_cuda_native_without_an_admission_is_a_typed_error(device,
     t = torch.tensor([1, 2, 3], device=device)
     with pytest.raises(BackendError, match="not usable here"):
         selected_logp(logits, t, backend="cuda_native")
-    with pytest.raises(BackendError, match="no indexed variant"):
+    with pytest.raises(BackendError, match="not usable here"):
         selected_logp_indexed(logits, t, torch.arange(3, device=device), backend="cuda_native")
 
 
 @pytest.mark.parametrize("entropy", [False, True])
 def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monkeypatch, entropy):
     """The call path with the native kernels stood in by the Triton launchers (the gate's job is the
-    bits): values and gradients equal the Triton path's, with a per-row temperature and an ignored row."""
-    from rlk_triton.logp import selected_logp
+    bits): values and gradients equal the Triton path's, with a per-row temperature and an ignored row,
+    for [N, V], [B, T, V] and the indexed variant."""
+    from rlk_triton.logp import selected_logp, selected_logp_indexed
 
     from rlk_triton.ops import selected_logp as slp
 
@@ -399,6 +409,17 @@ def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monk
         outs.append((logp.detach(), x.grad))
     for a, b in zip(*outs):
         assert a.shape == b.shape and torch.equal(a, b)
+    # the indexed variant: the scored rows only, zero gradient elsewhere, the same bits
+    rows = torch.tensor([3, 0, 4], device=device)
+    outs = []
+    for backend in ("triton", "cuda_native"):
+        x = logits.clone().requires_grad_()
+        logp, ent = selected_logp_indexed(x, t[:3], rows, temperature=temps[:3], return_entropy=True, backend=backend)
+        (logp.sum() + ent.sin().sum()).backward()
+        outs.append((logp.detach(), ent.detach(), x.grad))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert not outs[1][2][[1, 2]].any()
 
 
 def test_selected_logp_cuda_native_refuses_what_it_has_no_kernel_for(device, monkeypatch):

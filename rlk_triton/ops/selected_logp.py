@@ -421,12 +421,14 @@ class _NativeForward(torch.autograd.Function):
     backward = staticmethod(_native_backward)
 
 
-def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy, layout):
+def native_forward(logits2d, target_ids, temperature, temperature_rows, ignore_index, with_entropy, layout,
+                   row_index=None):
     """(logp, entropy, row_max, row_logsum) through the native kernels: the caller has checked the
-    admission and the layout (native._slp_config's, passed on: rlk_triton.logp._native_selected_logp)."""
+    admission and the layout (native._slp_config's, passed on: rlk_triton.logp._native_selected_logp).
+    row_index: the scored rows (the indexed variant), or None."""
     if wants_grad((logits2d,)):
-        return _NativeForward.apply(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
+        return _NativeForward.apply(logits2d, target_ids, row_index, temperature, temperature_rows, ignore_index,
                                     with_entropy, layout)
     # a rollout: no graph to record, so not the autograd.Function's host time either
-    return native.selected_logp_fwd(logits2d, target_ids, None, temperature, temperature_rows, ignore_index,
+    return native.selected_logp_fwd(logits2d, target_ids, row_index, temperature, temperature_rows, ignore_index,
                                     with_entropy, layout=layout)
