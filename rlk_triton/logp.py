@@ -334,8 +334,8 @@ def _native_selected_logp(logits, flat_targets, t_value, t_rows, ignore_index, w
         raise BackendError("backend", f"cuda_native takes logits whose leading dims view as [N, V] (dense row "
                            f"strides), got shape {tuple(logits.shape)} with strides {logits.stride()}: "
                            "use backend='triton'")
-    if flat_targets.numel() == 0 or rows.shape[1] == 0:
-        raise BackendError("backend", "cuda_native needs at least one row and V >= 1: use backend='triton'")
+    if rows.shape[1] == 0 and flat_targets.numel():  # (no rows at all: empty results, as the other backends)
+        raise BackendError("backend", "cuda_native needs V >= 1: use backend='triton'")
     layout = native._slp_config(rows)
     chunk_v = layout[1]
     if -(-rows.shape[1] // chunk_v) > 64:

@@ -185,6 +185,10 @@ def test_admitted_native_calls_give_the_triton_bits_and_replay_in_a_graph(op):
             return [logp, ent] + (list(torch.autograd.grad((logp, ent), leaf, (gl, ge))) if grad else [])
     want, got = run("triton", True), run("cuda_native", True)
     assert all(native.same_bits(a, b) for a, b in zip(want, got))
+    if op == "rmsnorm":  # an empty batch: empty results, no launch
+        assert rms_norm(x[:0], w, backend="cuda_native").shape == (0, 4096)
+    else:
+        assert selected_logp(x[:0], t[:0], backend="cuda_native").shape == (0,)
     if op == "selected_logp":  # the indexed variant: three rows scored, the gradient zero elsewhere
         from rlk_triton.logp import selected_logp_indexed
 
@@ -399,6 +403,7 @@ def test_an_admitted_native_selected_logp_runs_forward_and_backward(device, monk
     with torch.no_grad():  # a rollout: no graph, the native forward alone
         out = selected_logp(logits[0], t[0], temperature=0.7, backend="cuda_native")
         assert torch.equal(out, selected_logp(logits[0], t[0], temperature=0.7))
+        assert selected_logp(logits[:0], t[:0], backend="cuda_native").shape == (0,)  # empty batch: empty result
     # [B, T, V] logits reach the native kernels as their [N, V] view; values and gradients unchanged
     x3 = logits[:4].view(2, 2, 300)
     outs = []
