@@ -1,5 +1,5 @@
-// rms_norm forward, with or without the fused residual add, written to give the Triton kernel's bits:
-// rlk_triton/ops/rmsnorm.py
+// rms_norm forward, with or without the fused residual add, and backward (below: "backward"), written to
+// give the Triton kernels' bits: rlk_triton/ops/rmsnorm.py
 // _fwd_kernel's one-tile path and _fwd_rows_kernel, with the locked config's BLOCK_H lanes and
 // num_warps (rlk_triton/configs.py "rmsnorm_fwd"). The caller passes the layout's vector width VEC
 // (rlk_triton/native.py _rmsnorm_config): the order depends on it. ROWS rows per block (the rows
