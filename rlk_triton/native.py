@@ -50,6 +50,12 @@ class NativeOp:
 
 # ---- rms_norm forward, with or without the fused residual add ----
 
+def _full_vec(dtype: torch.dtype, tile: int, warps: int) -> int:
+    """A blocked layout's full vector: 16 bytes' worth of lanes per thread, at most the thread's share of
+    the tile (native/rmsnorm_kernels.cu full_vec)."""
+    return min(16 // dtype.itemsize, max(tile // (32 * warps), 1))
+
+
 def _rmsnorm_config(x, arch=None, residual=None):
     """(BLOCK_H, num_warps, vec, rows) of the Triton launch for x (and the residual, if fused): the
     native layout. vec is the lanes per thread per vector of the layout Triton 3.6 reduces in (16
@@ -80,7 +86,7 @@ def _rmsnorm_layout(arch: str, dtype: torch.dtype, H: int, stride_16: bool, res_
     block = rmsnorm.hidden_tile(cfg, H)
     rows = configs.lookup("rmsnorm_fwd_rows", arch, dtype, H).block_v
     rows = rows if rows > 1 and block >= H else 1
-    vec = min(16 // dtype.itemsize, max(block // (32 * cfg.num_warps), 1))
+    vec = _full_vec(dtype, block, cfg.num_warps)
     if rows > 1 and H % 16:
         if res_stride_16 is None:
             vec = vec if stride_16 else 1
@@ -102,7 +108,7 @@ def _rmsnorm_bwd_layout(arch: str, dtype: torch.dtype, H: int):
     cfg = configs.lookup("rmsnorm_bwd", arch, dtype, H)
     block = rmsnorm.hidden_tile(cfg, H)
     rows = configs.lookup("rmsnorm_dw_rows", arch, dtype, H).block_v
-    return block, cfg.num_warps, rows, min(16 // dtype.itemsize, max(block // (32 * cfg.num_warps), 1))
+    return block, cfg.num_warps, rows, _full_vec(dtype, block, cfg.num_warps)
 
 
 def _rmsnorm_upstream(x, residual):
@@ -219,7 +225,7 @@ def _slp_layout(arch: str, dtype: torch.dtype, V: int, stride_16: bool):
 
     cfg = configs.lookup("selected_logp_fwd", arch, dtype, V)
     split = configs.lookup("selected_logp_chunk", arch, dtype, V)
-    return cfg.block_v, split.block_v, min(16 // dtype.itemsize, cfg.block_v // 32) if stride_16 else 1
+    return cfg.block_v, split.block_v, _full_vec(dtype, cfg.block_v, 1) if stride_16 else 1
 
 
 def _slp_rows(logits):

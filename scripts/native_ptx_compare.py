@@ -40,12 +40,7 @@ from rlk_triton.ops import rmsnorm  # noqa: E402
 from rlk_triton.ops import selected_logp as slp  # noqa: E402
 from rlk_triton.ops.launch import next_power_of_2  # noqa: E402
 
-TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
 N_ROWS = 16  # rows per case: enough that a one-ulp change of order shows in some rstd
-
-
-def f2u(v: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
 
@@ -150,7 +145,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
 
     tptx, (block, warps, rows) = triton_rmsnorm_ptx(dtype, H, x_stride, r_stride or x_stride, fused, N)
     tptx = as_ptxas_compiles(tptx)
-    floats = [f2u(float(H)), f2u(eps), f2u(offset)]
+    floats = [emu.f32_bits(float(H)), emu.f32_bits(eps), emu.f32_bits(offset)]
     want = run(emu.entry(tptx), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra if fused else xa,
                                                             r_stride if fused else x_stride, wa, ya, oa if fused else ya,
                                                             sa] + ([N] if rows > 1 else []) + [H] + floats + [0, 0],
@@ -159,7 +154,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
     E = block_n // (32 * warps_n)
     wide = min(16 // x.element_size(), E)
     full = H == block_n and vec == wide and x_stride % vec == 0 and (not fused or r_stride % vec == 0)
-    name = f"rms_norm_fwd_kernelI{TYPE[dtype]}Li{E}ELi{vec}ELi{warps_n}ELi{rows_n}ELb{int(full)}ELb{int(fused)}EE"
+    name = f"rms_norm_fwd_kernelI{emu.CUDA_TYPE[dtype]}Li{E}ELi{vec}ELi{warps_n}ELi{rows_n}ELb{int(full)}ELb{int(fused)}EE"
     got = run(emu.entry(module, name), lambda xa, ra, wa, ya, oa, sa: [xa, x_stride, ra, r_stride or 0, wa, ya, oa, sa, N, H]
               + floats, 32 * warps_n, rows_n)
     same = {}
@@ -243,7 +238,7 @@ def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed
     code = emu.entry(as_ptxas_compiles(bwd))
     for b in range(n_blocks):
         emu.run_cta(code, 32 * warps, [ga, gra if gres else ga, ha, h_stride, wa, sa, dxa, dra, pa, N, H,
-                                       f2u(float(H)), f2u(offset), 0, 0], mem.buf, b)
+                                       emu.f32_bits(float(H)), emu.f32_bits(offset), 0, 0], mem.buf, b)
     code = emu.entry(as_ptxas_compiles(red))
     for b in range(-(-H // cols)):
         emu.run_cta(code, lanes, [pa, dwa, n_blocks, H, 0, 0], mem.buf, b)
@@ -253,12 +248,12 @@ def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed
     ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
     E = block // (32 * warps)
     full = H == block and h_stride % vec == 0
-    name = f"rms_norm_bwd_kernelI{TYPE[dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}ELb{int(gres)}EE"
+    name = f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}ELb{int(gres)}EE"
     code = emu.entry(module, name)
     for b in range(n_blocks):
         emu.run_cta(code, 32 * warps, [ga, gra if gres else 0, ha, h_stride, wa, sa, dxa, dra, pa, N, H,
-                                       f2u(float(H)), f2u(offset), R, 1, 1], mem.buf, b)
-    code = emu.entry(module, f"rms_norm_dw_reduce_kernelI{TYPE[dtype]}Li{4 if H % 16 == 0 else 1}EE")
+                                       emu.f32_bits(float(H)), emu.f32_bits(offset), R, 1, 1], mem.buf, b)
+    code = emu.entry(module, f"rms_norm_dw_reduce_kernelI{emu.CUDA_TYPE[dtype]}Li{4 if H % 16 == 0 else 1}EE")
     for b in range(-(-H // 16)):
         emu.run_cta(code, 128, [pa, dwa, n_blocks, H], mem.buf, b)
     got = outputs(mem, dxa, dra, pa, dwa)
@@ -356,7 +351,7 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     mem = Memory(size)
     la, ta, ra, tra, outs, st = regions(mem)
     params = [la, row_stride * inner] + ([row_stride, inner] if inner > 1 else [0, 1]) + \
-        [ta, ra, tra, f2u(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks, total_rows, 0, 0]
+        [ta, ra, tra, emu.f32_bits(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks, total_rows, 0, 0]
     for kernel in ("chunk", "merge") if n_chunks > 1 else ("chunk",):
         ptx, warps = triton_slp_ptx(kernel, dtype, V, n, row_stride, total_rows, flags, inner)
         code = emu.entry(as_ptxas_compiles(ptx))
@@ -370,15 +365,14 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, row_stride, 0, 1, ta, ra if row_index else 0,
                        tra if per_row_t else 0, temperature, outs[0], outs[1] if entropy else 0, outs[2], outs[3], st,
                        V, -100, n, n_chunks, total_rows, 0, 0)
-    names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
     tail = f"Lb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}E"
-    chunk = emu.entry(module, f"slp_chunk_kernelI{names[dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EEEvNS_4ArgsEi")
+    chunk = emu.entry(module, f"slp_chunk_kernelI{emu.CUDA_TYPE[dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EEEvNS_4ArgsEi")
     for r in range(n):
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem.buf, (r, c))
     if n_chunks > 1:
-        merge = emu.entry(module, f"slp_merge64_kernelI{names[dtype]}Li32E{tail}EEvNS_4ArgsE" if n_chunks > 32 else
-                      f"slp_merge_kernelI{names[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
+        merge = emu.entry(module, f"slp_merge64_kernelI{emu.CUDA_TYPE[dtype]}Li32E{tail}EEvNS_4ArgsE" if n_chunks > 32 else
+                      f"slp_merge_kernelI{emu.CUDA_TYPE[dtype]}Li{next_power_of_2(n_chunks)}ELi32E{tail}EEvNS_4ArgsE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem.buf, b)
     got = outputs(mem, outs)
@@ -413,7 +407,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
 
     mem = Memory(size)
     la, ta, ra, tra, ma, sa, ea, gla, gea, oa = regions(mem)
-    params = [la, row_stride, 0, 1, ta, ra, tra, f2u(temperature), ma, sa, ea, gla, gea, oa, V, V,
+    params = [la, row_stride, 0, 1, ta, ra, tra, emu.f32_bits(temperature), ma, sa, ea, gla, gea, oa, V, V,
               (-100) & 0xFFFFFFFF, total_rows, 0, 0]
     ptx, _ = compile_triton_bwd(dtype, V, n, row_stride, total_rows,
                                 dict(HAS_ROW_INDEX=row_index, PER_ROW_TEMPERATURE=per_row_t, WITH_ENTROPY_GRAD=entropy))
@@ -428,8 +422,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, row_stride, ta, ra if row_index else 0, tra if per_row_t else 0,
                        temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,
                        0, 0)
-    names = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
-    code = emu.entry(module, f"slp_bwd_kernelI{names[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
+    code = emu.entry(module, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
     for r in range(n):
         for b in range(-(-V // (vec * 256))):
             emu.run_cta(code, 256, [args], mem.buf, (r, b))

@@ -15,8 +15,13 @@ against a NumPy model of the documented order.
     run_cta(ptx_of_one_entry, nthreads, params, gmem_uint8, ctaid) -> the CTA (gmem is written in place)
 """
 import re
+import struct
+
 import numpy as np
 import torch
+
+# nvcc's mangled name of a kernel template's element type, as entry names spell it
+CUDA_TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
 
 MASK = {1: 0x1, 8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
 PARAM_BASE = 1 << 48  # the address space of kernel parameters (an address taken with mov)
@@ -49,6 +54,11 @@ def flush(f):
 
 def f32(u):
     return (u & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def f32_bits(v: float) -> int:
+    """The bit pattern of float32(v): how run_cta takes a .f32 parameter."""
+    return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
 def u32(f):
@@ -228,7 +238,6 @@ class CTA:
     def exec(self, op, a, mask):
         o = op.split(".")
         base = o[0]
-        M64 = np.uint64(MASK[64])
         if base == "ld" and o[1] == "param":
             at = self.addr(a[1])
             if isinstance(at, tuple):
@@ -461,7 +470,6 @@ class CTA:
             self.setr(a[0], r & m, mask); return
         if base == "ld" or base == "st":
             space = o[1]
-            vec = next((int(x[1:]) for x in o if re.match(r"^v\d$", x)), 1)
             t = o[-1]
             w = int(t[1:]) // 8
             mem = self.gmem if space == "global" else self.smem

@@ -29,3 +29,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(scope="module")
+def ptx(request):
+    """The sm_90a PTX of the test module's NATIVE_SOURCE under native/ (nvcc, the build's flags), for the
+    order checks in scripts/ptx_emulator.py; skipped without nvcc."""
+    from rlk_triton import native
+
+    try:
+        return native.compile_ptx(request.module.NATIVE_SOURCE)
+    except native.NativeUnavailable as ex:
+        pytest.skip(str(ex))

@@ -3,7 +3,6 @@ of the file runs in scripts/ptx_emulator.py and every output bit (forward: y, re
 backward: dx, d residual, the dW partial rows, dW) is compared with a NumPy float32 model of the order
 docs/native.md states (Triton 3.6's, as its PTX and the H200 gate showed). A change to the file's
 arithmetic order fails here, in CI, before the GPU gate would refuse it."""
-import struct
 import sys
 from pathlib import Path
 
@@ -14,28 +13,11 @@ import torch
 from rlk_triton import native
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import ptx_emulator as emu  # noqa: E402
+
+NATIVE_SOURCE = "rmsnorm_kernels.cu"  # the native/ file whose PTX the `ptx` fixture (conftest.py) compiles
 F = np.float32
-TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
-
-
-@pytest.fixture(scope="module")
-def ptx():
-    try:
-        return native.compile_ptx("rmsnorm_kernels.cu")
-    except native.NativeUnavailable as ex:
-        pytest.skip(str(ex))
-
-
-def _emulator():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import ptx_emulator
-
-    return ptx_emulator
-
-
-
-def _f2u(x: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def model(x, w, eps, offset, block, warps, vec, residual=None):
@@ -43,7 +25,7 @@ def model(x, w, eps, offset, block, warps, vec, residual=None):
     r % vec; per thread fma(h0, h0, h1 * h1) then fma(hr, hr, acc) (one lane: fma(h0, h0, shfl16(h0^2)));
     butterflies 16 .. 1 in the warp, then over the warps' lane-0 sums; IEEE div / sqrt; y = (rstd h) w'.
     With a residual, x is first replaced by h = dtype(fp32(x) + fp32(residual))."""
-    fma32 = _emulator().fma32
+    fma32 = emu.fma32
     if residual is not None:
         x = (x.float() + residual.float()).to(x.dtype)
     h = x.float().numpy().astype(F)
@@ -79,7 +61,6 @@ def model(x, w, eps, offset, block, warps, vec, residual=None):
 def emulate(module, x, w, eps, offset, residual=None):
     """(y, residual_out, rstd, layout) of the native kernel the launcher would pick on the H200 (sm90
     table), emulated; residual_out is None without a residual."""
-    emu = _emulator()
     N, H = x.shape
     esz = x.element_size()
     block, warps, vec, rows = native._rmsnorm_config(x, arch="sm90", residual=residual)
@@ -109,11 +90,11 @@ def emulate(module, x, w, eps, offset, residual=None):
     wide = min(16 // esz, E)
     full = H == block and vec == wide and x.stride(0) % vec == 0 and (residual is None or residual.stride(0) % vec == 0)
     res = int(residual is not None)
-    entry = _emulator().entry(module, f"rms_norm_fwd_kernelI{TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}ELb{int(full)}ELb{res}EE")
+    entry = emu.entry(module, f"rms_norm_fwd_kernelI{emu.CUDA_TYPE[x.dtype]}Li{E}ELi{vec}ELi{warps}ELi{rows}ELb{int(full)}ELb{res}EE")
     r_stride = residual.stride(0) if residual is not None else 0
     for b in range(-(-N // rows)):
-        emu.run_cta(entry, 32 * warps, [xa, x.stride(0), ra, r_stride, wa, ya, oa, sa, N, H, _f2u(float(H)),
-                                        _f2u(eps), _f2u(offset)], mem, b)
+        emu.run_cta(entry, 32 * warps, [xa, x.stride(0), ra, r_stride, wa, ya, oa, sa, N, H, emu.f32_bits(float(H)),
+                                        emu.f32_bits(eps), emu.f32_bits(offset)], mem, b)
     ints = {2: torch.int16, 4: torch.int32}[esz]
 
     def read(at):
@@ -210,7 +191,7 @@ def model_backward(h, g, gr, w, rstd, offset, block, warps, vec, R):
     per lane; the reduction sums the partial rows in its lane layout (CV columns per thread: 4 when H
     is a multiple of 16, else 1), chains a thread's slots, butterflies over a warp's rows, then
     (w0 + w2) + (w1 + w3) over the warps."""
-    fma32 = _emulator().fma32
+    fma32 = emu.fma32
     N, H = h.shape
     T = 32 * warps
     E = block // T
@@ -278,7 +259,6 @@ def model_backward(h, g, gr, w, rstd, offset, block, warps, vec, R):
 def emulate_backward(module, h, g, gr, w, rstd, offset, R):
     """(dx, d residual, partial rows, dw, layout) of the native backward kernels on the sm90 layout,
     emulated; R rows per dW partial (the order for any R is the same code; the GPU's is 64)."""
-    emu = _emulator()
     N, H = h.shape
     esz = h.element_size()
     block, warps, _, vec = native._rmsnorm_bwd_layout("sm90", h.dtype, H)
@@ -304,12 +284,12 @@ def emulate_backward(module, h, g, gr, w, rstd, offset, R):
     dxa, dra = put(N * H * esz), put(N * H * esz)
     pa, dwa = put(n_blocks * H * 4), put(H * esz)
     full = H == block and h.stride(0) % vec == 0
-    entry = emu.entry(module, f"rms_norm_bwd_kernelI{TYPE[h.dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}"
+    entry = emu.entry(module, f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[h.dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}"
                               f"ELb{int(gr is not None)}EE")
     for b in range(n_blocks):
-        emu.run_cta(entry, 32 * warps, [ga, gra, ha, h.stride(0), wa, sa, dxa, dra, pa, N, H, _f2u(float(H)),
-                                        _f2u(offset), R, 1, 1], mem, b)
-    entry = emu.entry(module, f"rms_norm_dw_reduce_kernelI{TYPE[h.dtype]}Li{4 if H % 16 == 0 else 1}EE")
+        emu.run_cta(entry, 32 * warps, [ga, gra, ha, h.stride(0), wa, sa, dxa, dra, pa, N, H, emu.f32_bits(float(H)),
+                                        emu.f32_bits(offset), R, 1, 1], mem, b)
+    entry = emu.entry(module, f"rms_norm_dw_reduce_kernelI{emu.CUDA_TYPE[h.dtype]}Li{4 if H % 16 == 0 else 1}EE")
     for b in range(-(-H // 16)):
         emu.run_cta(entry, 128, [pa, dwa, n_blocks, H], mem, b)
     ints = {2: torch.int16, 4: torch.int32}[esz]

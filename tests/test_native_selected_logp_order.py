@@ -17,41 +17,26 @@ import torch
 from rlk_triton import native
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import ptx_emulator as emu  # noqa: E402
+
+NATIVE_SOURCE = "selected_logp_kernels.cu"  # the native/ file whose PTX the `ptx` fixture (conftest.py) compiles
 F = np.float32
 LOG2E, LN2 = F(1.4426950408889634), F(0.6931471805599453)
-TYPE = {torch.bfloat16: "13__nv_bfloat16", torch.float16: "6__half", torch.float32: "f"}
-
-
-def _emulator():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import ptx_emulator
-
-    return ptx_emulator
-
-
-@pytest.fixture(scope="module")
-def ptx():
-    try:
-        return native.compile_ptx("selected_logp_kernels.cu")
-    except native.NativeUnavailable as ex:
-        pytest.skip(str(ex))
-
 
 
 # ---- the model ----
 
 def _ex2(x):
-    emu = _emulator()
     with np.errstate(all="ignore"):
         return emu.flush(np.exp2(emu.flush(F(x)).astype(np.float64)).astype(F))
 
 
 def _fma(a, b, c):
-    return _emulator().fma32(np.asarray(a, F), np.asarray(b, F), np.asarray(c, F))
+    return emu.fma32(np.asarray(a, F), np.asarray(b, F), np.asarray(c, F))
 
 
 def _fma_ftz(a, b, c):
-    emu = _emulator()
     return emu.flush(emu.fma32(emu.flush(np.asarray(a, F)), emu.flush(np.asarray(b, F)), emu.flush(np.asarray(c, F))))
 
 
@@ -83,7 +68,6 @@ def _div_parts(a, b):
         a, b = F(a * F(0.25)), F(b * F(0.25))
     if abs(b) < F(2.0 ** -126):
         a, b = F(a * F(2.0 ** 24)), F(b * F(2.0 ** 24))
-    emu = _emulator()
     with np.errstate(all="ignore"):
         return a, emu.flush((np.float64(1) / np.float64(emu.flush(b))).astype(F))
 
@@ -198,7 +182,6 @@ def _memory(nbytes):
 
 def emulate(module, logits, target, inv_t_source, entropy):
     """(logp, entropy, row_max, row_logsum) of the native kernels on [n, V] logits, emulated."""
-    emu = _emulator()
     n, V = logits.shape
     block_v, chunk_v, vec = native._slp_config(logits, arch="sm90")
     n_chunks = max(-(-V // chunk_v), 1)
@@ -209,13 +192,13 @@ def emulate(module, logits, target, inv_t_source, entropy):
     args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, logits.stride(0), 0, 1, ta, 0, 0, inv_t_source, outs[0],
                        outs[1] if entropy else 0, outs[2], outs[3], st, V, -100, n, n_chunks, n, 0, 0)
     tail = f"Lb{int(entropy)}ELb0ELb0E"
-    chunk = _emulator().entry(module, f"slp_chunk_kernelI{TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
+    chunk = emu.entry(module, f"slp_chunk_kernelI{emu.CUDA_TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
     for r in range(n):
         for c in range(n_chunks):
             emu.run_cta(chunk, 32, [args, chunk_v], mem, (r, c))
     if n_chunks > 1:
-        merge = _emulator().entry(module, f"slp_merge64_kernelI{TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
-                       f"slp_merge_kernelI{TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
+        merge = emu.entry(module, f"slp_merge64_kernelI{emu.CUDA_TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
+                       f"slp_merge_kernelI{emu.CUDA_TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
         for b in range(-(-n // 32)):
             emu.run_cta(merge, 128, [args], mem, b)
     return [mem[a:a + 4 * n].view(F).copy() for a in outs], (block_v, chunk_v, vec)
@@ -275,7 +258,6 @@ def model_grad(x, inv_t, target, row_max, row_logsum, g, h, ent, V):
 @pytest.mark.parametrize("dtype,V,entropy", [(torch.bfloat16, 4096, True), (torch.float32, 1001, True),
                                              (torch.float16, 2048, False)])
 def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx, dtype, V, entropy):
-    emu = _emulator()
     n = 3
     g = torch.Generator().manual_seed(V + 1)
     logits = (torch.randn(n, V, generator=g) * 4).to(dtype)
@@ -288,7 +270,7 @@ def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx,
     oa = put(torch.zeros(n * V, dtype=dtype))
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, V, ta, 0, 0, 0.7, ma, sa, ea if entropy else 0, gla,
                        gea if entropy else 0, oa, V, -100, n, 0, 0)
-    code = _emulator().entry(ptx, f"slp_bwd_kernelI{TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
+    code = emu.entry(ptx, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
     for r in range(n):
         for b in range(-(-V // (vec * 256))):
             emu.run_cta(code, 256, [args], mem, (r, b))

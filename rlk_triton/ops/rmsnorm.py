@@ -471,7 +471,8 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
     if wants_grad((x, weight, residual)):
         y, res_out, _ = _NativeForward.apply(rows, weight, res_rows, eps, weight_offset, layout)
     else:  # a rollout: no graph to record, so not the autograd.Function's host time either
-        y, res_out = native.rms_norm_fwd(rows, weight, eps, weight_offset, res_rows, layout=layout)[:2]
+        out = native.rms_norm_fwd(rows, weight, eps, weight_offset, res_rows, layout=layout)
+        y, res_out = out[0], out[1] if residual is not None else None
     if residual is None:
         return y.view(x.shape)
     return y.view(x.shape), res_out.view(x.shape)
