@@ -354,15 +354,21 @@ __global__ void __launch_bounds__(128) slp_merge_kernel(Args a) {
     const MergeRow<T, ENT, ROW_INDEX, PER_ROW_T> r(a, (int64_t)blockIdx.x * MERGE_ROWS + base + slot, lane);
     float m, s, t;
     merge_state<CHUNKS, ENT>(r, [](float v, bool) { return v; }, m, s, t);
-    // The row's lanes hold two candidate sums (lanes_sum_of_products), so two candidate results. As in
-    // Triton's kernel, every lane of the row writes its results to the row's one shared slot, one
-    // result per store instruction, and what the slot keeps is stored: the same writes from the same
-    // lanes, so whichever write the hardware keeps, it keeps the same one in both kernels (the
-    // emulator keeps the last, the row's highest lane). The GPU gate checks the bits.
+    // The row's lanes hold two candidate sums (lanes_sum_of_products): the lower half of its lanes one,
+    // the upper half the other, so two candidate results. Triton's kernel has every lane of the row
+    // write its results to the row's one shared slot and stores what the slot keeps. With 16 or 32
+    // lanes a row, those are 16-byte stores (st.shared.v4: 4 or 8 rows a thread), which the hardware
+    // runs in phases of 8 lanes in lane order: the slot keeps a write of the row's last phase, lanes
+    // CHUNKS - 8 .. CHUNKS - 1, all of the upper half (the H200 gate refused the all-lane 4-byte
+    // stores, whose one phase keeps a lower lane). With 8 lanes or fewer, Triton's 8- and 4-byte
+    // stores put the row in one phase, as these 4-byte stores do: the same lanes write.
+    constexpr int FIRST_WRITER = CHUNKS > 8 ? CHUNKS - 8 : 0;
     float out[4];
     r.results(a, m, s, t, out);
+    if (lane >= FIRST_WRITER) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) kept[k][slot] = out[k];
+      for (int k = 0; k < 4; ++k) kept[k][slot] = out[k];
+    }
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = kept[k][slot];

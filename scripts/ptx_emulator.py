@@ -2,7 +2,8 @@
 back edge every active thread takes together, shuffles, shared memory, bar.sync), run on the CPU
 bit-exactly for the instructions it knows (it raises NotImplementedError on others). f32 add / mul /
 div / sqrt are numpy float32 (IEEE round to nearest even); fma.rn is exact (fma32); .ftz flushes
-subnormals. The approximate instructions (ex2.approx.ftz, div.full) are deterministic models, not the
+subnormals. Threads of a warp that store to one shared address in one instruction: the write kept is
+the hardware's as shared_write_order models it. The approximate instructions (ex2.approx.ftz, div.full) are deterministic models, not the
 hardware's bits: a comparison of two kernels that use them on the same values is valid, a comparison
 with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
 
@@ -130,6 +131,18 @@ def split_args(s):
     if cur.strip():
         out.append(cur.strip())
     return out
+
+
+def shared_write_order(threads, nbytes):
+    """The order in which one st.shared's writes land, for threads writing the same address: a warp's
+    store of nbytes a thread runs in phases of 128 / nbytes lanes (32 lanes for 4 bytes, 16 for 8, 8 for
+    16) in lane order, so a later phase's write is the one kept; within a phase the lowest lane's write
+    is kept. Returned as a sort key (written in increasing key order, the last write kept). The model the
+    H200 gate showed: Triton's merge stores a row's results from 32 lanes with st.shared.v4 and keeps an
+    upper lane's, an all-lane 4-byte store keeps a lower lane's (docs/native.md)."""
+    lane = threads % 32
+    per_phase = 32 // max(1, nbytes // 4)
+    return (threads // 32) * 256 + (lane // per_phase) * 32 + (per_phase - 1 - lane % per_phase)
 
 
 class CTA:
@@ -480,6 +493,8 @@ class CTA:
                 regs = [x.strip() for x in a[1].strip("{} ").split(",")]
                 ad = self.addr(a[0])
             idx = np.nonzero(mask)[0]
+            if base == "st" and space == "shared":
+                idx = idx[np.argsort(shared_write_order(idx, len(regs) * w), kind="stable")]
             for k, r in enumerate(regs):
                 aa = ad[idx].astype(np.int64) + k * w
                 if base == "ld":
