@@ -136,8 +136,9 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
         s = halves_sum(beta, s_c)
         w = (np.where(s_c > 0, (d_c * s_c).astype(F), F(0)) + t_c).astype(F)
         t = halves_sum(w, beta) if entropy else F(0)
-    else:  # the merge: lane % C = chunk, the first butterfly step contracted, the last lane's sums
-        # (the row's shared write that the emulator keeps)
+    else:  # the merge: lane % C = chunk, the first butterfly step contracted; the sums of the lane whose
+        # shared write is kept (ptx_emulator.shared_write_order): the upper half's with 16 or 32 lanes a
+        # row (the last 8-lane phase of Triton's 16-byte stores), else the row's lowest lane's
         C = 1 << (n_chunks - 1).bit_length()
         pad = [(F(-np.inf), F(0), F(0))] * (C - n_chunks)
         m_c, s_c, t_c = (np.array(v, F) for v in zip(*(states + pad)))
@@ -149,7 +150,8 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
 
         def lane_sum(a, b):
             v = _fma(a, b, (a * b).astype(F)[lanes ^ (C // 2)])
-            return _butterfly(v, np.add, C // 4)[-1] if C > 2 else v[-1]
+            kept = C - 1 if C > 8 else 0
+            return _butterfly(v, np.add, C // 4)[kept] if C > 2 else v[kept]
 
         s = lane_sum(beta, s_c)
         w = (np.where(s_c > 0, (d_c * s_c).astype(F), F(0)) + t_c).astype(F)
@@ -204,11 +206,12 @@ def emulate(module, logits, target, inv_t_source, entropy):
     return [mem[a:a + 4 * n].view(F).copy() for a in outs], (block_v, chunk_v, vec)
 
 
-# (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4, 19 and 38
-# chunks (merges of 2, 4 and 32 lanes, and of two warps)
+# (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4, 16, 19 and
+# 38 chunks (merges of 2, 4, 16 and 32 lanes, and of two warps)
 CASES = [
     (torch.bfloat16, 1000, 3, True), (torch.float32, 1001, 3, True), (torch.float16, 16000, 3, True),
-    (torch.bfloat16, 32000, 3, False), (torch.bfloat16, 151936, 2, True), (torch.float32, 151936, 2, True),
+    (torch.bfloat16, 32000, 3, False), (torch.float32, 65536, 3, True), (torch.bfloat16, 151936, 2, True),
+    (torch.float32, 151936, 2, True),
 ]
 
 
