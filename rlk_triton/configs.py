@@ -306,10 +306,11 @@ def _matmul_rows():
                 # sm90 2-byte forward, measured on the H200 with the same bits as these rows: K / V through
                 # TMA with the straight-line first tile (d<=128) 1.10x at 4 x 8192, 1.06x at 16 x 2048,
                 # 1.08x on a 64..4096 mix (D=128), 0.98x at D=64; TMA alone 1.30x at d256 (flat: 0.98x)
-                # (docs/reports/h200-attention-tma-2026-12-04.json). Not on yet: the GPU test suite has
-                # not run them (tests/test_attention.py covers both on the interpreter). To turn on:
-                # tma_loads=True on sm90 bf16 / fp16, flat=True at d<=128, then the attention GPU tests.
-                t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(f[0], f[1], 0, 1, f[2], f[3])
+                # (docs/reports/h200-attention-tma-2026-12-04.json); on, and the attention GPU tests run
+                # with them (docs/reports/h200-attention-2026-12-05.json).
+                hopper_2byte = arch == "sm90" and dt != "float32"
+                t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(
+                    f[0], f[1], 0, 1, f[2], f[3], tma_loads=hopper_2byte, flat=hopper_2byte and bucket == "d<=128")
                 for pairs in PAIR_BUCKET_NAMES:
                     t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
                 # split_min_len 2048 on the H200 (bf16 / fp16): backward 1.10x at 4 x 8192, 1.13x at D=64,
