@@ -475,11 +475,15 @@ def test_selected_logp_native_layout_follows_the_row_stride():
 
 def test_selected_logp_gate_cases_cover_every_native_kernel():
     """The gate's cases reach every merge width (one chunk, 2 .. 32 lanes, two warps), both vector
-    widths and every option, in each dtype: no native variant goes unadmitted-but-selectable."""
+    widths and every option, in each dtype: no native variant goes unadmitted-but-selectable. Their
+    scored rows are distinct: a row listed twice has two programs writing its d logits in either
+    kernel, a race that no bitwise comparison can pass (the first H200 gate failed on one)."""
     from rlk_triton.ops import selected_logp as slp
 
     seen = set()
-    for _, (logits, target, row_index, temperature, temps, _, entropy) in native._slp_cases("cpu"):
+    for label, (logits, target, row_index, temperature, temps, _, entropy) in native._slp_cases("cpu"):
+        if row_index is not None:
+            assert row_index.unique().numel() == row_index.numel(), label
         block_v, chunk_v, vec = native._slp_config(logits, "sm90")
         chunks = slp.chunk_count(logits.shape[-1], chunk_v)
         width = 1 if chunks == 1 else 1 << (chunks - 1).bit_length()
