@@ -3,8 +3,8 @@ back edge every active thread takes together, shuffles, shared memory, bar.sync)
 bit-exactly for the instructions it knows (it raises NotImplementedError on others). f32 add / mul /
 div / sqrt are numpy float32 (IEEE round to nearest even); fma.rn is exact (fma32); .ftz flushes
 subnormals. Threads of a warp that store to one shared address in one instruction: the write kept is
-the hardware's as shared_write_order models it. The approximate instructions (ex2.approx.ftz, div.full) are deterministic models, not the
-hardware's bits: a comparison of two kernels that use them on the same values is valid, a comparison
+the one shared_write_order models. The approximate instructions (ex2.approx.ftz, div.full) are
+deterministic models, not the hardware's bits: a comparison of two kernels that use them on the same values is valid, a comparison
 with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
 
 What it is for: checking, without a GPU, that a native/ kernel's PTX (nvcc -ptx) computes in a given
@@ -137,9 +137,10 @@ def shared_write_order(threads, nbytes):
     """The order in which one st.shared's writes land, for threads writing the same address: a warp's
     store of nbytes a thread runs in phases of 128 / nbytes lanes (32 lanes for 4 bytes, 16 for 8, 8 for
     16) in lane order, so a later phase's write is the one kept; within a phase the lowest lane's write
-    is kept. Returned as a sort key (written in increasing key order, the last write kept). The model the
-    H200 gate showed: Triton's merge stores a row's results from 32 lanes with st.shared.v4 and keeps an
-    upper lane's, an all-lane 4-byte store keeps a lower lane's (docs/native.md)."""
+    is kept. Returned as a sort key (written in increasing key order, the last write kept). A model, fitted
+    to what the H200 gate showed (docs/native.md): Triton's merge, storing a row's results from 16 or 32
+    lanes with st.shared.v4, keeps an upper-half lane's; an all-lane 4-byte store keeps a lower-half
+    lane's. Which lane within a phase is not observed (there all lanes of a half hold the same value)."""
     lane = threads % 32
     per_phase = 32 // max(1, nbytes // 4)
     return (threads // 32) * 256 + (lane // per_phase) * 32 + (per_phase - 1 - lane % per_phase)
