@@ -4,8 +4,8 @@ bit-exactly for the instructions it knows (it raises NotImplementedError on othe
 div / sqrt are numpy float32 (IEEE round to nearest even); fma.rn is exact (fma32); .ftz flushes
 subnormals. Threads of a warp that store to one shared address in one instruction: the write kept is
 the one shared_write_order models. The approximate instructions (ex2.approx.ftz, div.full) are
-deterministic models, not the hardware's bits: a comparison of two kernels that use them on the same values is valid, a comparison
-with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
+deterministic models, not the hardware's bits: a comparison of two kernels that use them on the same
+values is valid, a comparison with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
 
 What it is for: checking, without a GPU, that a native/ kernel's PTX (nvcc -ptx) computes in a given
 order. It reproduced the H200 gate's refusal of the first native rms_norm forward output for output,
