@@ -29,7 +29,6 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
@@ -74,26 +73,6 @@ def as_ptxas_compiles(ptx: str) -> str:
     return contracted
 
 
-class Memory:
-    """A flat device memory for the emulator: each region 256-byte aligned plus a byte offset."""
-
-    def __init__(self, size: int):
-        self.buf = np.zeros(size, np.uint8)
-        self.top = 4096
-
-    def put(self, t: torch.Tensor, offset: int = 0) -> int:
-        at = self.top + offset
-        b = t.contiguous().view(-1).view(torch.uint8).numpy()
-        self.buf[at:at + b.size] = b
-        self.top = (at + b.size + 255) // 256 * 256 + 256
-        return at
-
-    def get(self, at: int, n: int, dtype) -> torch.Tensor:
-        size = torch.empty(0, dtype=dtype).element_size()
-        ints = {2: torch.int16, 4: torch.int32}[size]
-        return torch.from_numpy(self.buf[at:at + n * size].copy()).view(ints).view(dtype)
-
-
 def triton_rmsnorm_ptx(dtype, H, x_stride, r_stride, fused, N):
     """(ptx, (block, warps, rows)) of the Triton forward launch for these values (sm90 table)."""
     cfg = configs.lookup("rmsnorm_fwd", "sm90", dtype, H)
@@ -134,7 +113,7 @@ def rmsnorm_case(module: str, dtype, H: int, x_stride: int, r_stride, seed: int)
     size = 4 * (N * (x_stride + (r_stride or 0) + 2 * H) + H) * x.element_size() + (1 << 16)
 
     def run(ptx_entry, params, threads, per_block):
-        mem = Memory(size)
+        mem = emu.Memory(size)
         xa, ra = mem.put(x), mem.put(r) if fused else 0
         wa = mem.put(w)
         ya, oa = mem.put(torch.zeros(N * H, dtype=dtype)), mem.put(torch.zeros(N * H, dtype=dtype)) if fused else 0
@@ -233,7 +212,7 @@ def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed
                 mem.get(dwa, H, dtype)]
 
     bwd, red, (block, warps, lanes, cols) = triton_rmsnorm_bwd_ptx(dtype, H, h_stride, gres, N, R)
-    mem = Memory(size)
+    mem = emu.Memory(size)
     ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
     code = emu.entry(as_ptxas_compiles(bwd))
     for b in range(n_blocks):
@@ -244,7 +223,7 @@ def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed
         emu.run_cta(code, lanes, [pa, dwa, n_blocks, H, 0, 0], mem.buf, b)
     want = outputs(mem, dxa, dra, pa, dwa)
 
-    mem = Memory(size)
+    mem = emu.Memory(size)
     ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
     E = block // (32 * warps)
     full = H == block and h_stride % vec == 0
@@ -348,7 +327,7 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
     def outputs(mem, outs):
         return [mem.get(a, n, torch.float32) for a in outs]
 
-    mem = Memory(size)
+    mem = emu.Memory(size)
     la, ta, ra, tra, outs, st = regions(mem)
     params = [la, row_stride * inner] + ([row_stride, inner] if inner > 1 else [0, 1]) + \
         [ta, ra, tra, emu.f32_bits(temperature), *outs, st, V, (-100) & 0xFFFFFFFF, n, n_chunks, total_rows, 0, 0]
@@ -360,7 +339,7 @@ def slp_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None, ent
             emu.run_cta(code, 32 * warps, params, mem.buf, cta)
     want = outputs(mem, outs)
 
-    mem = Memory(size)
+    mem = emu.Memory(size)
     la, ta, ra, tra, outs, st = regions(mem)
     args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, row_stride, 0, 1, ta, ra if row_index else 0,
                        tra if per_row_t else 0, temperature, outs[0], outs[1] if entropy else 0, outs[2], outs[3], st,
@@ -405,7 +384,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
                                      torch.zeros(1), row_max, logsum, ent, grad_logp, grad_ent,
                                      torch.zeros(total_rows * V, dtype=dtype))]
 
-    mem = Memory(size)
+    mem = emu.Memory(size)
     la, ta, ra, tra, ma, sa, ea, gla, gea, oa = regions(mem)
     params = [la, row_stride, 0, 1, ta, ra, tra, emu.f32_bits(temperature), ma, sa, ea, gla, gea, oa, V, V,
               (-100) & 0xFFFFFFFF, total_rows, 0, 0]
@@ -417,7 +396,7 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
             emu.run_cta(code, 32 * cfg.num_warps, params, mem.buf, (r, tile))
     want = mem.get(oa, total_rows * V, dtype)
 
-    mem = Memory(size)
+    mem = emu.Memory(size)
     la, ta, ra, tra, ma, sa, ea, gla, gea, oa = regions(mem)
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, row_stride, ta, ra if row_index else 0, tra if per_row_t else 0,
                        temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,

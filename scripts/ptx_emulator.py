@@ -5,7 +5,8 @@ div / sqrt are numpy float32 (IEEE round to nearest even); fma.rn is exact (fma3
 subnormals. Threads of a warp that store to one shared address in one instruction: the write kept is
 the one shared_write_order models. The approximate instructions (ex2.approx.ftz, div.full) are
 deterministic models, not the hardware's bits: a comparison of two kernels that use them on the same
-values is valid, a comparison with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a struct parameter is its bytes.
+values is valid, a comparison with a GPU's result is not. ctaid is an int (x) or a tuple (x, y); a
+struct parameter is its bytes.
 
 What it is for: checking, without a GPU, that a native/ kernel's PTX (nvcc -ptx) computes in a given
 order. It reproduced the H200 gate's refusal of the first native rms_norm forward output for output,
@@ -14,6 +15,7 @@ was spent (docs/native.md). tests/test_native_order.py runs native/rmsnorm_kerne
 against a NumPy model of the documented order.
 
     run_cta(ptx_of_one_entry, nthreads, params, gmem_uint8, ctaid) -> the CTA (gmem is written in place)
+    Memory(size): a gmem to lay tensors out in (put / alloc give addresses, get reads a result back)
 """
 import re
 import struct
@@ -131,6 +133,31 @@ def split_args(s):
     if cur.strip():
         out.append(cur.strip())
     return out
+
+
+class Memory:
+    """A flat device memory for run_cta: each region 256-byte aligned (plus a byte offset), 256 bytes
+    after the previous one."""
+
+    def __init__(self, size: int):
+        self.buf = np.zeros(size, np.uint8)
+        self.top = 4096
+
+    def alloc(self, nbytes: int, offset: int = 0) -> int:
+        at = self.top + offset
+        self.top = (at + nbytes + 255) // 256 * 256 + 256
+        return at
+
+    def put(self, t: torch.Tensor, offset: int = 0) -> int:
+        b = t.contiguous().view(-1).view(torch.uint8).numpy()
+        at = self.alloc(b.size, offset)
+        self.buf[at:at + b.size] = b
+        return at
+
+    def get(self, at: int, n: int, dtype) -> torch.Tensor:
+        size = torch.empty(0, dtype=dtype).element_size()
+        ints = {2: torch.int16, 4: torch.int32}[size]
+        return torch.from_numpy(self.buf[at:at + n * size].copy()).view(ints).view(dtype)
 
 
 def shared_write_order(threads, nbytes):

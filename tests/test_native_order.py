@@ -65,28 +65,20 @@ def emulate(module, x, w, eps, offset, residual=None):
     esz = x.element_size()
     block, warps, vec, rows = native._rmsnorm_config(x, arch="sm90", residual=residual)
     E = block // (32 * warps)
-    mem = np.zeros(8192 + 2 * (x.stride(0) + (residual.stride(0) if residual is not None else 0)) * N * esz
-                   + 2 * H * esz + 2 * N * H * esz + N * 4 + 4096, np.uint8)
-    top = [256]
-
-    def put(nbytes, data=None):  # a 256-byte aligned region
-        at = top[0]
-        top[0] = at + ((nbytes + 255) // 256) * 256
-        if data is not None:
-            mem[at:at + nbytes] = data
-        return at
+    mem = emu.Memory(8192 + 2 * (x.stride(0) + (residual.stride(0) if residual is not None else 0)) * N * esz
+                     + 2 * H * esz + 2 * N * H * esz + N * 4 + 8192)
 
     def rows_of(t):  # [N, H] with its row stride, as the kernel reads it
-        flat = torch.zeros(N * t.stride(0), dtype=t.dtype)
-        flat.view(N, t.stride(0))[:, :H] = t
-        return put(N * t.stride(0) * esz, flat.view(torch.uint8).numpy())
+        flat = torch.zeros(N, t.stride(0), dtype=t.dtype)
+        flat[:, :H] = t
+        return mem.put(flat)
 
     xa = rows_of(x)
     ra = rows_of(residual) if residual is not None else 0
-    wa = put(H * esz, w.contiguous().view(torch.uint8).numpy())
-    ya = put(N * H * esz)
-    oa = put(N * H * esz) if residual is not None else 0
-    sa = put(N * 4)
+    wa = mem.put(w)
+    ya = mem.alloc(N * H * esz)
+    oa = mem.alloc(N * H * esz) if residual is not None else 0
+    sa = mem.alloc(N * 4)
     wide = min(16 // esz, E)
     full = H == block and vec == wide and x.stride(0) % vec == 0 and (residual is None or residual.stride(0) % vec == 0)
     res = int(residual is not None)
@@ -94,13 +86,12 @@ def emulate(module, x, w, eps, offset, residual=None):
     r_stride = residual.stride(0) if residual is not None else 0
     for b in range(-(-N // rows)):
         emu.run_cta(entry, 32 * warps, [xa, x.stride(0), ra, r_stride, wa, ya, oa, sa, N, H, emu.f32_bits(float(H)),
-                                        emu.f32_bits(eps), emu.f32_bits(offset)], mem, b)
-    ints = {2: torch.int16, 4: torch.int32}[esz]
+                                        emu.f32_bits(eps), emu.f32_bits(offset)], mem.buf, b)
 
     def read(at):
-        return torch.from_numpy(mem[at:at + N * H * esz].copy()).view(ints).view(x.dtype).view(N, H)
+        return mem.get(at, N * H, x.dtype).view(N, H)
 
-    return read(ya), read(oa) if residual is not None else None, mem[sa:sa + N * 4].view(np.float32).copy(), \
+    return read(ya), read(oa) if residual is not None else None, mem.get(sa, N, torch.float32).numpy(), \
         (block, warps, vec, full)
 
 
@@ -264,41 +255,25 @@ def emulate_backward(module, h, g, gr, w, rstd, offset, R):
     block, warps, _, vec = native._rmsnorm_bwd_layout("sm90", h.dtype, H)
     E = block // (32 * warps)
     n_blocks = -(-N // R)
-    mem = np.zeros(8192 + (h.stride(0) + 4 * H) * N * esz + 2 * H * esz + N * 4 + n_blocks * H * 4 + 4096, np.uint8)
-    top = [256]
-
-    def put(nbytes, data=None):
-        at = top[0]
-        top[0] = at + ((nbytes + 255) // 256) * 256
-        if data is not None:
-            mem[at:at + nbytes] = data
-        return at
-
-    flat = torch.zeros(N * h.stride(0), dtype=h.dtype)
-    flat.view(N, h.stride(0))[:, :H] = h
-    ha = put(N * h.stride(0) * esz, flat.view(torch.uint8).numpy())
-    ga = put(N * H * esz, g.contiguous().view(torch.uint8).view(-1).numpy())
-    gra = put(N * H * esz, gr.contiguous().view(torch.uint8).view(-1).numpy()) if gr is not None else 0
-    wa = put(H * esz, w.contiguous().view(torch.uint8).numpy())
-    sa = put(N * 4, rstd.view(np.uint8))
-    dxa, dra = put(N * H * esz), put(N * H * esz)
-    pa, dwa = put(n_blocks * H * 4), put(H * esz)
+    mem = emu.Memory(8192 + (h.stride(0) + 4 * H) * N * esz + 2 * H * esz + N * 4 + n_blocks * H * 4 + 8192)
+    flat = torch.zeros(N, h.stride(0), dtype=h.dtype)
+    flat[:, :H] = h
+    ha, ga = mem.put(flat), mem.put(g)
+    gra = mem.put(gr) if gr is not None else 0
+    wa, sa = mem.put(w), mem.put(torch.from_numpy(rstd))
+    dxa, dra = mem.alloc(N * H * esz), mem.alloc(N * H * esz)
+    pa, dwa = mem.alloc(n_blocks * H * 4), mem.alloc(H * esz)
     full = H == block and h.stride(0) % vec == 0
     entry = emu.entry(module, f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[h.dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}"
                               f"ELb{int(gr is not None)}EE")
     for b in range(n_blocks):
         emu.run_cta(entry, 32 * warps, [ga, gra, ha, h.stride(0), wa, sa, dxa, dra, pa, N, H, emu.f32_bits(float(H)),
-                                        emu.f32_bits(offset), R, 1, 1], mem, b)
+                                        emu.f32_bits(offset), R, 1, 1], mem.buf, b)
     entry = emu.entry(module, f"rms_norm_dw_reduce_kernelI{emu.CUDA_TYPE[h.dtype]}Li{4 if H % 16 == 0 else 1}EE")
     for b in range(-(-H // 16)):
-        emu.run_cta(entry, 128, [pa, dwa, n_blocks, H], mem, b)
-    ints = {2: torch.int16, 4: torch.int32}[esz]
-
-    def read(at, n):
-        return torch.from_numpy(mem[at:at + n * esz].copy()).view(ints).view(h.dtype)
-
-    return read(dxa, N * H).view(N, H), read(dra, N * H).view(N, H), \
-        mem[pa:pa + n_blocks * H * 4].view(np.float32).reshape(n_blocks, H).copy(), read(dwa, H), \
+        emu.run_cta(entry, 128, [pa, dwa, n_blocks, H], mem.buf, b)
+    return mem.get(dxa, N * H, h.dtype).view(N, H), mem.get(dra, N * H, h.dtype).view(N, H), \
+        mem.get(pa, n_blocks * H, torch.float32).view(n_blocks, H).numpy(), mem.get(dwa, H, h.dtype), \
         (block, warps, vec, full)
 
 

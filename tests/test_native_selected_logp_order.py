@@ -167,43 +167,28 @@ def model_row(x, V, inv_t, target, block_v, chunk_v, vec, entropy):
 
 # ---- the emulated native kernels ----
 
-def _memory(nbytes):
-    """(device memory, put): put copies a tensor to the next 256-byte aligned region, returns its address."""
-    mem = np.zeros(nbytes + (1 << 16), np.uint8)
-    top = [4096]
-
-    def put(t):
-        at = top[0]
-        b = t.contiguous().view(-1).view(torch.uint8).numpy()
-        mem[at:at + b.size] = b
-        top[0] = (at + b.size + 255) // 256 * 256 + 256
-        return at
-
-    return mem, put
-
-
 def emulate(module, logits, target, inv_t_source, entropy):
     """(logp, entropy, row_max, row_logsum) of the native kernels on [n, V] logits, emulated."""
     n, V = logits.shape
     block_v, chunk_v, vec = native._slp_config(logits, arch="sm90")
     n_chunks = max(-(-V // chunk_v), 1)
-    mem, put = _memory(logits.numel() * 4 + n * 64 + 12 * n * n_chunks)
-    la, ta = put(logits), put(target)
-    outs = [put(torch.zeros(n)) for _ in range(4)]
-    st = put(torch.zeros(3 * n * n_chunks))
+    mem = emu.Memory(logits.numel() * 4 + n * 64 + 12 * n * n_chunks + (1 << 16))
+    la, ta = mem.put(logits), mem.put(target)
+    outs = [mem.put(torch.zeros(n)) for _ in range(4)]
+    st = mem.put(torch.zeros(3 * n * n_chunks))
     args = struct.pack("<QqqqQQQf4xQQQQQqqiiqii", la, logits.stride(0), 0, 1, ta, 0, 0, inv_t_source, outs[0],
                        outs[1] if entropy else 0, outs[2], outs[3], st, V, -100, n, n_chunks, n, 0, 0)
     tail = f"Lb{int(entropy)}ELb0ELb0E"
     chunk = emu.entry(module, f"slp_chunk_kernelI{emu.CUDA_TYPE[logits.dtype]}Li{block_v}ELi{vec}E{tail}Lb{int(n_chunks == 1)}EE")
     for r in range(n):
         for c in range(n_chunks):
-            emu.run_cta(chunk, 32, [args, chunk_v], mem, (r, c))
+            emu.run_cta(chunk, 32, [args, chunk_v], mem.buf, (r, c))
     if n_chunks > 1:
         merge = emu.entry(module, f"slp_merge64_kernelI{emu.CUDA_TYPE[logits.dtype]}Li32E{tail}EE" if n_chunks > 32 else
                        f"slp_merge_kernelI{emu.CUDA_TYPE[logits.dtype]}Li{1 << (n_chunks - 1).bit_length()}ELi32E{tail}EE")
         for b in range(-(-n // 32)):
-            emu.run_cta(merge, 128, [args], mem, b)
-    return [mem[a:a + 4 * n].view(F).copy() for a in outs], (block_v, chunk_v, vec)
+            emu.run_cta(merge, 128, [args], mem.buf, b)
+    return [mem.get(a, n, torch.float32).numpy() for a in outs], (block_v, chunk_v, vec)
 
 
 # (dtype, V, rows, entropy): one chunk with VEC 8 and with VEC 1 (odd V: the row stride), 2, 4, 16, 19 and
@@ -268,24 +253,23 @@ def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx,
     row_max, row_logsum = torch.rand(n, generator=g) * 10, torch.rand(n, generator=g) * 3
     ent, g_logp, g_ent = torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)
     vec = native._slp_bwd_vec(logits)
-    mem, put = _memory(3 * logits.numel() * 4)
-    la, ta, ma, sa, ea, gla, gea = (put(t) for t in (logits, target, row_max, row_logsum, ent, g_logp, g_ent))
-    oa = put(torch.zeros(n * V, dtype=dtype))
+    mem = emu.Memory(3 * logits.numel() * 4 + (1 << 16))
+    la, ta, ma, sa, ea, gla, gea = (mem.put(t) for t in (logits, target, row_max, row_logsum, ent, g_logp, g_ent))
+    oa = mem.put(torch.zeros(n * V, dtype=dtype))
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, V, ta, 0, 0, 0.7, ma, sa, ea if entropy else 0, gla,
                        gea if entropy else 0, oa, V, -100, n, 0, 0)
     code = emu.entry(ptx, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb0ELb0EE")
     for r in range(n):
         for b in range(-(-V // (vec * 256))):
-            emu.run_cta(code, 256, [args], mem, (r, b))
-    ints = torch.int32 if dtype == torch.float32 else torch.int16
-    got = torch.from_numpy(mem[oa:oa + n * V * logits.element_size()].copy()).view(ints).view(dtype).view(n, V)
+            emu.run_cta(code, 256, [args], mem.buf, (r, b))
+    got = mem.get(oa, n * V, dtype).view(n, V)
     num, rcp = _div_parts(F(1), F(0.7))
     inv_t = F(num * rcp)
     x = logits.float().numpy().astype(F)
     for r in range(n):
         want = model_grad(x[r], inv_t, int(target[r]), F(row_max[r]), F(row_logsum[r]), g_logp[r].item(),
                           g_ent[r].item() if entropy else None, ent[r].item(), V)
-        assert torch.equal(got[r].view(ints), torch.from_numpy(want).to(dtype).view(ints)), r
+        assert native.same_bits(got[r], torch.from_numpy(want).to(dtype)), r
 
 
 _SAME_ADDRESS_STORES = """
