@@ -155,17 +155,16 @@ def _rmsnorm_forward(ext, x, w, eps, offset, residual=None, layout=None):
 
 
 def _rmsnorm_backward(ext, grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres):
-    """(dx, dw or [0], d residual or [0]), as rmsnorm.launch_backward returns them. The gradients must be
-    contiguous and 16-byte aligned (the layout rule is known for aligned rows only): a misaligned one is
-    copied first, which moves its bits and changes none."""
+    """(dx, dw or [0], d residual or an empty tensor), as rmsnorm.launch_backward returns them. The
+    gradients must be contiguous and 16-byte aligned (the layout rule is known for aligned rows only):
+    a misaligned one is copied first, which moves its bits and changes none."""
     from ._runtime import arch_of
     from .ops.launch import stream_handle
 
     grad_y, grad_res = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (grad_y, grad_res))
     block, warps, rows, _ = _rmsnorm_bwd_layout(arch_of(h.device), h.dtype, h.shape[1])
-    dx, dw, dres = ext.rms_norm_bwd(grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres, block, warps, rows,
-                                    stream_handle(h.device.index))
-    return dx, dw, dres if with_dres else dres.view(0)  # the binding's empty d residual is [0, 0]; Triton's [0]
+    return tuple(ext.rms_norm_bwd(grad_y, grad_res, h, w, rstd, offset, with_dw, with_dres, block, warps, rows,
+                                  stream_handle(h.device.index)))
 
 
 RMSNORM_GATE_H = (128, 200, 384, 1000, 1024, 2048, 4096, 4099, 8192, 12288, 16384)
@@ -530,7 +529,7 @@ def rms_norm_fwd(x, weight, eps: float, weight_offset: float, residual=None, lay
 
 
 def rms_norm_bwd(grad_y, grad_residual, h, weight, rstd, weight_offset: float, with_dw: bool, with_dres: bool):
-    """(dx, dw or [0], d residual or [0]) of the admitted native rms_norm backward (the Triton
+    """(dx, dw or [0], d residual or an empty tensor) of the admitted native rms_norm backward (the Triton
     launcher's arguments; grad_y / grad_residual contiguous [N, H])."""
     return _rmsnorm_backward(load("rmsnorm"), grad_y, grad_residual, h, weight, rstd, weight_offset, with_dw,
                              with_dres)

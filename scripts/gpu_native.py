@@ -114,7 +114,7 @@ def rmsnorm_backward_rows(rows, ext, g, admitted):
                  "native backward launch": lambda: native._rmsnorm_backward(ext, *args)}
         time_calls(rows, calls, lambda name, got: {
             "op": "rms_norm bwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
-            "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want))})
+            "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want) if a.numel() or b.numel())})
     h = torch.randn(16384, 4096, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
     w = torch.randn(4096, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
     gy = torch.randn(16384, 4096, device="cuda", generator=g).to(torch.bfloat16)
