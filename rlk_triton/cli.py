@@ -6,7 +6,7 @@
   rlk-triton configs [--json]    the locked launch-config table and its fingerprint
   rlk-triton capabilities [--json] [--device D]
                                  every backend's descriptor, availability measured on this machine
-  rlk-triton resolve OP --dtype D [--fast M] [--consistency M] [--device D]
+  rlk-triton resolve OP --dtype D [--fast M] [--consistency M] [--device D] [--rows N] [--call C]
                                  the mode policy's decision record (JSON); exit 1 when it fails
   rlk-triton drift [--model PATH] [--prompts FILE] [--new-tokens N] [--seed S] [--device D]
                    [--json FILE] [--chart FILE.png]
@@ -352,7 +352,7 @@ def _resolve(args) -> int:
 
     try:
         d = policy.resolve(args.op, dtype=args.dtype, device=args.device, fast=args.fast,
-                           consistency=args.consistency)
+                           consistency=args.consistency, rows=args.rows, call=args.call)
     except PolicyError as ex:
         print(json.dumps(ex.decision, indent=1))
         print(f"rlk-triton resolve: {ex}", file=sys.stderr)
@@ -414,6 +414,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
     r.add_argument("--fast", default=None, help="off | auto | strict (default: RLK_FAST, else off)")
     r.add_argument("--consistency", default=None, help="off | audit | strict (default: RLK_CONSISTENCY, else off)")
+    r.add_argument("--rows", type=int, default=None,
+                   help="the call's rows (tokens, or sequences at decode): ranks measured for small eager calls apply")
+    r.add_argument("--call", default="eager",
+                   help="eager | cuda_graph | compile: how the calls run (default eager); under a CUDA graph host "
+                        "time is not paid per call, compile excludes eager-only backends")
     r.set_defaults(fn=_resolve)
     d = sub.add_parser("drift", help="rollout vs training log-probs on a model: control group, rlk, first divergent op")
     from .drift.run import add_arguments

@@ -23,6 +23,14 @@ Precedence: (1) an argument beats the environment, which beats the default "off"
 the allowlist is treated as fast=off (rlk_triton never runs it) while its consistency mode still
 applies; (3) consistency audit/strict first requires the op's contract row for the dtype: a missing
 row fails closed, whatever fast says; (4) then fast picks among the backends, fastest first.
+
+"Fastest" is each backend's speed_rank, unless the caller says how the call runs: `rows` (the call's
+rows: tokens, or sequences at decode) with `call="eager"` (the default) uses a backend's measured rank
+for eager calls of at most that many rows (operators.RowsRank: the native kernels, whose launches
+cost less host time, rank first for decode-sized calls). Under `call="cuda_graph"` host time is not
+paid per call, so the plain ranks apply; under `call="compile"` backends that are eager only are not
+eligible. Without `rows` nothing changes: the plain ranks.
+
 Every resolution yields a Decision (JSON-serializable); a failed one raises PolicyError carrying it.
 
 `dtype` is the dtype of the op's floating-point input: the logits for selected_logp; for the RL ops
@@ -48,6 +56,7 @@ from .errors import ContractError, DeviceError, InputError, PolicyError, RlkFall
 
 FAST_MODES = ("off", "auto", "strict")
 CONSISTENCY_MODES = ("off", "audit", "strict")
+CALLS = ("eager", "cuda_graph", "compile")  # how the op's calls will run (`call=`)
 NATIVE = "native"
 
 
@@ -75,6 +84,13 @@ class Decision:
     def backend(self) -> Optional[str]:
         """The backend name to pass as `backend=` to the op, or None for the caller's native path."""
         return self.chosen.split(".", 1)[1] if self.uses_rlk else None
+
+    @property
+    def bits(self) -> str:
+        """Whose bits the call gives: an admitted native kernel gives its op's Triton kernel's (its gate
+        required torch.equal), so a rollout on one and a training step on the other compare as one build."""
+        op, _, name = self.chosen.partition(".")
+        return f"{op}.triton" if name == "cuda_native" else self.chosen
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +148,13 @@ def _allowlist(allowlist, env) -> tuple[Optional[list], str]:
     return (None if "*" in names else sorted(set(names))), source
 
 
+def _rows_rank(desc: dict, rows: Optional[int], call: str) -> Optional[dict]:
+    """The descriptor's measured rank (a RowsRank as a dict) for an eager call of `rows` rows, or None."""
+    if rows is None or call != "eager":
+        return None
+    return next((r for r in desc["speed_rank_by_rows"] if rows <= r["max_rows"]), None)
+
+
 def resolve(
     op: str,
     *,
@@ -142,6 +165,8 @@ def resolve(
     allowlist: Optional[Iterable[str]] = None,
     env: Optional[Mapping[str, str]] = None,
     log: Optional[DecisionLog] = None,
+    rows: Optional[int] = None,
+    call: str = "eager",
 ) -> Decision:
     """Decide which backend runs `op` for inputs of `dtype` (the logits' for selected_logp; float32 for
     the RL ops) on `device`. Raises PolicyError on failure.
@@ -152,7 +177,14 @@ def resolve(
     (requested.allowlist_unknown) otherwise.
     `device`: a string or torch.device (default: cuda if present, else cpu). A CUDA device this machine
     lacks resolves like any unavailable backend (every candidate says why), and consistency
-    audit/strict fail closed on it: without the device its arch, hence its contract rows, are unknown."""
+    audit/strict fail closed on it: without the device its arch, hence its contract rows, are unknown.
+    `rows`: the call's rows (an int >= 0), or None (unknown: the plain speed ranks). `call`: "eager"
+    (default), "cuda_graph" (captured and replayed: host time is not paid per call) or "compile"
+    (torch.compile: eager-only backends are not eligible)."""
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise InputError("rows", f"must be None or an int >= 0, got {rows!r}")
+    if call not in CALLS:
+        raise InputError("call", f"{call!r} is not one of {', '.join(CALLS)}")
     env = os.environ if env is None else env
     if not isinstance(env, Mapping):
         raise InputError("env", f"must be a mapping of environment variables, got {type(env).__name__}")
@@ -177,7 +209,7 @@ def resolve(
         no_device = str(ex).removeprefix(f"{ex.argument}: ")
     d = Decision(op, dt, device, arch, requested={
         "fast": fast_mode, "consistency": cons_mode, "source": {"fast": fast_src, "consistency": cons_src},
-        "allowlist": allowed})
+        "allowlist": allowed, "rows": rows, "call": call})
     d.diagnostics = cons_mode != "off"
     d.contract_checks_required = cons_mode == "strict"
     if unknown:  # fast=auto / off: recorded, and warned under auto
@@ -210,7 +242,9 @@ def resolve(
         except ContractError:
             d.contract_id = None
 
-    descriptors = sorted((registry.describe(b, device) for b in entry.backends), key=lambda x: x["speed_rank"])
+    descriptors = [registry.describe(b, device) for b in entry.backends]
+    measured = {x["backend_id"]: _rows_rank(x, rows, call) for x in descriptors}
+    descriptors.sort(key=lambda x: measured[x["backend_id"]]["rank"] if measured[x["backend_id"]] else x["speed_rank"])
     need_strict = cons_mode == "strict"
     chosen, reasons = None, {}
     for desc in descriptors:
@@ -227,9 +261,14 @@ def resolve(
             reasons[bid] = "not strict-eligible"
         elif not desc["optimized"]:
             reasons[bid] = "not an optimized backend" + (f" ({desc['notes']})" if desc["notes"] else "")
+        elif call == "compile" and desc["eager_only"]:
+            reasons[bid] = "eager only: not for call='compile' (torch.compile raises BackendError)"
         elif chosen is None:
             chosen = bid
-            reasons[bid] = "taken: fastest eligible backend"
+            rank = measured[bid]
+            reasons[bid] = "taken: fastest eligible backend" + (
+                f" for eager calls of at most {rank['max_rows']} rows ({rank['report']}: {rank['measured']})"
+                if rank else "")
         else:
             reasons[bid] = f"not taken: {chosen} is faster"
     if chosen is None and effective_fast == "auto" and need_strict:

@@ -156,6 +156,7 @@ def describe(backend: Backend, device) -> dict:
              build_fingerprint=build_fingerprint(device), available=available, unavailable_reason=reason,
              claims_tested_by="rlk-triton check", failed_here=failed)
     d["dtypes"], d["parallel_modes"] = list(backend.dtypes), list(backend.parallel_modes)
+    d["speed_rank_by_rows"] = list(d["speed_rank_by_rows"])
     return d
 
 

@@ -40,6 +40,8 @@ def _one_line(err: str) -> str:
     (("resolve", "selected_logp", "--dtype", "bfloat16", "--consistency", "sometimes"), "consistency:"),
     (("resolve", "selected_logp", "--dtype", "bf17"), "dtype:"),
     (("resolve", "selected_logp", "--dtype", "bf16", "--device", "gpu"), "device:"),
+    (("resolve", "selected_logp", "--dtype", "bf16", "--rows", "-3"), "rows:"),
+    (("resolve", "selected_logp", "--dtype", "bf16", "--call", "graph"), "call:"),
     (("capabilities", "--device", "gpu"), "device:"),
 ])
 def test_a_usage_error_is_one_line_and_exit_2(capsys, argv, argument):
@@ -69,6 +71,13 @@ def test_capabilities_on_a_missing_cuda_device_say_why(capsys):
         assert c["device"] == "cuda" and c["build_fingerprint"]["arch"] is None
     rc, out, _ = _run(capsys, "capabilities", "--device", "cuda")
     assert rc == 0 and "no CUDA device" in out and "tested by `rlk-triton check`" in out
+
+
+def test_resolve_records_the_call_it_was_asked_about(capsys):
+    rc, out, _ = _run(capsys, "resolve", "selected_logp", "--dtype", "bf16", "--device", "cpu", "--rows", "8",
+                      "--call", "cuda_graph")
+    d = json.loads(out)
+    assert rc == 0 and (d["requested"]["rows"], d["requested"]["call"]) == (8, "cuda_graph")
 
 
 @no_cuda

@@ -162,3 +162,92 @@ def test_triton_on_cpu_without_interpreter_is_unavailable_with_a_reason(monkeypa
         assert registry.measure_availability("selected_logp", "torch_reference", "cpu") == (True, None)
     finally:
         registry.measure_availability.cache_clear()
+
+
+# ---- measured ranks for small eager calls (operators.RowsRank) ----
+
+@pytest.fixture
+def native_admitted(monkeypatch):
+    """As on an H200 with admission records that match: the native backends are available."""
+    from rlk_triton import native
+
+    monkeypatch.setattr(native, "availability", lambda op, device: (True, None))
+
+
+def _rows_rank(op):
+    (rank,) = registry.operator(op).backends[-1].speed_rank_by_rows
+    return rank
+
+
+@pytest.mark.parametrize("op", ("selected_logp", "rmsnorm"))
+def test_native_ranks_first_only_for_the_measured_small_eager_calls(op, situation, native_admitted):
+    situation("gpu")
+    triton, cuda = f"{op}.triton", f"{op}.cuda_native"
+    limit = _rows_rank(op).max_rows
+
+    def chosen(**kw):
+        return policy.resolve(op, dtype="bfloat16", device="cpu", fast="auto", env={}, **kw)
+
+    for rows in (1, limit):
+        d = chosen(rows=rows)
+        assert d.chosen == cuda and d.backend == "cuda_native"
+        assert d.requested["rows"] == rows and d.requested["call"] == "eager"
+        taken = next(c for c in d.candidates if c["taken"])
+        assert f"at most {limit} rows" in taken["reason"] and "docs/reports/" in taken["reason"]
+        assert json.loads(json.dumps(d.to_dict())) == d.to_dict()
+        assert d.bits == triton  # admitted: the Triton kernel's bits, so rollout and trainer compare as one build
+    assert chosen(rows=limit + 1).chosen == triton
+    assert chosen().chosen == triton  # rows unknown: the plain ranks
+    assert chosen(rows=1, call="cuda_graph").chosen == triton  # replayed: host time is not paid per call
+    d = chosen(rows=1, call="compile")
+    assert d.chosen == triton
+    assert "eager only" in next(c for c in d.candidates if c["backend_id"] == cuda)["reason"]
+    # strict modes: the admitted kernel is strict-eligible, so it is still the pick
+    assert policy.resolve(op, dtype="bfloat16", device="cpu", fast="strict", consistency="strict", env={},
+                          rows=1).chosen == cuda
+
+
+def test_an_unadmitted_native_kernel_is_never_picked_for_small_calls(situation):
+    situation("gpu")  # no admission record here: native.availability says why
+    d = policy.resolve("selected_logp", dtype="bfloat16", device="cpu", fast="auto", env={}, rows=1)
+    assert d.chosen == TRITON
+    assert next(c for c in d.candidates if c["backend_id"] == "selected_logp.cuda_native")["reason"].startswith(
+        "unavailable")
+
+
+@pytest.mark.parametrize("kw,argument", [({"rows": -1}, "rows"), ({"rows": 2.0}, "rows"), ({"rows": True}, "rows"),
+                                         ({"call": "graph"}, "call")])
+def test_bad_rows_or_call_is_a_typed_error(kw, argument, situation):
+    situation("gpu")
+    with pytest.raises(InputError) as e:
+        policy.resolve("selected_logp", dtype="bfloat16", device="cpu", fast="auto", env={}, **kw)
+    assert e.value.argument == argument
+
+
+def test_every_rows_rank_is_what_its_report_measured():
+    """A RowsRank is a claim about a committed report: in its public-call rows the backend's eager call
+    is faster than the Triton backend's at every measured size up to max_rows, and max_rows itself was
+    measured (a threshold is a measured point, not an extrapolation)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    public = {"rmsnorm": "rms_norm", "selected_logp": "selected_logp"}  # op -> its public call in the report
+    checked = 0
+    for op in registry.operators():
+        for b in op.backends:
+            assert list(b.speed_rank_by_rows) == sorted(b.speed_rank_by_rows, key=lambda r: r.max_rows)
+            for r in b.speed_rank_by_rows:
+                assert r.rank < min(x.speed_rank for x in op.backends if x is not b)  # it reorders something
+                rows = json.loads((root / r.report).read_text())["rows"]
+                call = public[op.name]
+                wall = {}
+                for row in rows:
+                    for name in (b.name, "triton"):
+                        if row["backend"] == f"{call}(backend={name!r})":
+                            wall.setdefault((row["op"], row["shape"]), {})[name] = row["wall_ms"]
+                small = {k: v for k, v in wall.items() if int(k[1].split(" x ")[0]) <= r.max_rows}
+                assert any(int(k[1].split(" x ")[0]) == r.max_rows for k in small), (b.backend_id, r.max_rows)
+                for k, v in small.items():
+                    assert v[b.name] < v["triton"], (b.backend_id, k, v)
+                checked += len(small)
+    assert checked >= 8
