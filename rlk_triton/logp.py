@@ -171,6 +171,7 @@ def linear_logp(
     ignore_index: int = DEFAULT_IGNORE_INDEX,
     validate: bool = True,
     saved: str = "recompute",
+    saved_vocab: int | None = None,
 ):
     """log softmax((hidden @ weight.T + bias) / T)[target] in float32, without [tokens, V] logits.
 
@@ -199,6 +200,13 @@ def linear_logp(
             the backward reads instead; logp and entropy are the same bits either way, the gradients
             are within their own contract (docs/linear_logp.md). With tp_group each rank keeps its
             shard's [N, V_local]; aligned shards give one shard's bits, as for "recompute".
+        saved_vocab: with saved="logits", keep only the logits of the vocab's first saved_vocab
+            columns (global ids), rounded down to whole backward chunks (configs chunk_v: 4096 on
+            sm90); the backward recomputes the rest. None (default): every column. A memory budget
+            of B bytes at N tokens buys about B / (2 N) columns for 16-bit inputs; fix the value for
+            a run (e.g. from the largest micro-batch) rather than per batch, since the gradients'
+            bits depend on it (never on the tokens for a given value). With tp_group each rank keeps
+            its part of those columns; aligned shards give one shard's bits.
 
     Returns:
         logp float32 with target_ids' shape, or (logp, entropy). Differentiable w.r.t. hidden, weight
@@ -224,6 +232,11 @@ def linear_logp(
     ignore_index = _check_ignore_index(ignore_index)
     if saved not in _linear_op.SAVED:
         raise InputError("saved", f"must be one of {_linear_op.SAVED}, got {saved!r}")
+    if saved_vocab is not None:
+        if isinstance(saved_vocab, bool) or not isinstance(saved_vocab, int) or saved_vocab < 0:
+            raise InputError("saved_vocab", f"must be None or an int >= 0, got {saved_vocab!r}")
+        if saved != "logits":
+            raise InputError("saved_vocab", f"applies to saved='logits' only (saved={saved!r} keeps no logits)")
     flat_targets = target_ids.reshape(-1).contiguous()
     if validate:
         _check_targets(flat_targets, global_V, ignore_index)
@@ -232,13 +245,15 @@ def linear_logp(
     # the logits are kept only for a backward that will read them
     keep = saved == "logits" and torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (hidden2d, weight, bias))
+    save_cols = _linear_op.kept_columns(_linear_op.tile_config("linear_logp_dlogits", hidden2d), V_local,
+                                        int(vocab_start_index), global_V, saved_vocab) if keep else 0
     if tp_group is None:
         logp, entropy, *_ = _linear_op.call_linear_logp_fwd(hidden2d, weight, bias, flat_targets, t,
-                                                            int(ignore_index), bool(return_entropy), keep)
+                                                            int(ignore_index), bool(return_entropy), save_cols)
     else:
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy),
-                                                            tp_group, int(vocab_start_index), keep)
+                                                            tp_group, int(vocab_start_index), save_cols)
     logp = logp.view(lead)
     return (logp, entropy.view(lead)) if return_entropy else logp
 

@@ -115,7 +115,8 @@ def _linear_logp() -> Operator:
         saved_state=(("recompute", ("data", "tensor_vocab")), ("logits", ("data", "tensor_vocab"))),
         notes="logp, entropy, d hidden batch-invariant; d weight / d bias deterministic; TP bitwise when "
               "shards start at multiples of chunk_v (docs/linear_logp.md); saved='logits' keeps z - tile max "
-              "[N, V] (float16 for 16-bit inputs) instead of recomputing the logits, same logp bits"),))
+              "[N, V] (float16 for 16-bit inputs) instead of recomputing the logits, same logp bits; with "
+              "saved_vocab=S only the first S columns (whole chunks)"),))
 
 
 def _matmul() -> Operator:

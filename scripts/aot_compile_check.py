@@ -147,10 +147,10 @@ def cases():
                  BLOCK_N=fwd.block_n, BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True)
     stats.update(saved_ptr=_t(256, 1024, dtype=torch.float16), stride_sn=1024)
     out.append(("linear_logp _tile_stats_kernel (descriptors)", ll._tile_stats_kernel,
-                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True, SAVE=False),
+                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, save_cols=0, WITH_ENTROPY=True, SAVE=False),
                 fwd.num_warps, fwd.num_stages))
     out.append(("linear_logp _tile_stats_kernel (descriptors, saved logits)", ll._tile_stats_kernel,
-                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, WITH_ENTROPY=True, SAVE=True),
+                dict(stats, stats_ptr=_t(5, 4, 256, dtype=f32), n_tiles=4, save_cols=512, WITH_ENTROPY=True, SAVE=True),
                 fwd.num_warps, fwd.num_stages))
     dl = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf)
     x = _t(256, dtype=f32)

@@ -38,7 +38,7 @@ def _run(hidden, weight, bias, targets, g, ge, **kw):
             "d_bias": b.grad}
 
 
-def _worker(rank, world, init_method, out_dir, dtype_name, bounds, saved="recompute"):
+def _worker(rank, world, init_method, out_dir, dtype_name, bounds, saved="recompute", saved_vocab=None):
     os.environ["TRITON_INTERPRET"] = "1"
     import torch.distributed as dist
 
@@ -49,18 +49,18 @@ def _worker(rank, world, init_method, out_dir, dtype_name, bounds, saved="recomp
         hidden, weight, bias, targets, g, ge = _inputs(dtype, V)
         lo, hi = bounds[rank], bounds[rank + 1]
         out = _run(hidden, weight[lo:hi], bias[lo:hi], targets, g, ge, tp_group=dist.group.WORLD,
-                   vocab_start_index=lo, global_vocab_size=V, saved=saved)
+                   vocab_start_index=lo, global_vocab_size=V, saved=saved, saved_vocab=saved_vocab)
         torch.save(out, Path(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(tmp_path, dtype, bounds, saved="recompute"):
+def _spawn(tmp_path, dtype, bounds, saved="recompute", saved_vocab=None):
     import torch.multiprocessing as mp
 
     world = len(bounds) - 1
     mp.spawn(_worker, args=(world, f"file://{tmp_path / 'store'}", str(tmp_path),
-                            str(dtype).removeprefix("torch."), bounds, saved), nprocs=world, join=True)
+                            str(dtype).removeprefix("torch."), bounds, saved, saved_vocab), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
@@ -77,6 +77,25 @@ def test_aligned_shards_are_bitwise_one_shard(tmp_path, world, dtype, saved):
     ranks = _spawn(tmp_path, dtype, bounds, saved)
     hidden, weight, bias, targets, g, ge = _inputs(dtype, V)
     one = _run(hidden, weight, bias, targets, g, ge, saved=saved)
+    for r, got in enumerate(ranks):
+        for name in ("logp", "entropy", "d_hidden"):
+            assert torch.equal(got[name], one[name]), (r, name)
+        lo, hi = bounds[r], bounds[r + 1]
+        assert torch.equal(got["d_weight"], one["d_weight"][lo:hi]), r
+        assert torch.equal(got["d_bias"], one["d_bias"][lo:hi]), r
+
+
+@pytest.mark.parametrize("world,kept_chunks", [(2, 2), (4, 2)])
+def test_aligned_shards_keeping_part_of_the_vocab_are_bitwise_one_shard(tmp_path, world, kept_chunks):
+    """saved_vocab under TP: each rank keeps its part of the vocab's first columns (all of them, some,
+    or none), and the result is bitwise one shard keeping the same columns."""
+    C = _chunk()
+    V = 4 * C + 29
+    bounds = [0, 3 * C, V] if world == 2 else [0, C, 2 * C, 3 * C, V]
+    saved_vocab = kept_chunks * C + 5  # rounds down to whole chunks
+    ranks = _spawn(tmp_path, torch.bfloat16, bounds, "logits", saved_vocab)
+    hidden, weight, bias, targets, g, ge = _inputs(torch.bfloat16, V)
+    one = _run(hidden, weight, bias, targets, g, ge, saved="logits", saved_vocab=saved_vocab)
     for r, got in enumerate(ranks):
         for name in ("logp", "entropy", "d_hidden"):
             assert torch.equal(got[name], one[name]), (r, name)

@@ -16,9 +16,11 @@ Backward, chunk by chunk (configs chunk_v, a multiple of the forward's block_n) 
   dbias_chunk = sum over row blocks, ascending, of the fp32 column sums of each block.
 Extra memory: forward stats (5 x tiles x N fp32, freed after the merge); backward the [N, chunk_v]
 buffer and the fp32 [N, H] accumulator.
-saved="logits": the forward also writes z - (the tile's row max) into an [N, V] buffer (float16, or
-float32 for float32 inputs) and keeps the tiles' row maxima; the backward's d logits then come from
-`_dlogits_saved_kernel`, an elementwise pass over that buffer, instead of a recomputed GEMM tile.
+saved="logits": the forward also writes z - (the tile's row max) into an [N, S] buffer (float16, or
+float32 for float32 inputs; S = the kept columns, every one unless saved_vocab says fewer: whole
+backward chunks from the vocab's start) and keeps those tiles' row maxima; the backward's d logits of
+those columns then come from `_dlogits_saved_kernel`, an elementwise pass over that buffer, instead
+of a recomputed GEMM tile, and the other columns' from `_dlogits_kernel` as in "recompute".
 """
 from __future__ import annotations
 
@@ -85,10 +87,10 @@ def _store_halves(x, base, c0, row_ok, V_local, BLOCK_M: tl.constexpr, W: tl.con
 # n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
 # constant, which has no .to() (one vocab tile, V_local <= block_n).
 @cached
-@triton.jit(do_not_specialize=["inv_t", "n_tiles"])
+@triton.jit(do_not_specialize=["inv_t", "n_tiles", "save_cols"])
 def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
-    saved_ptr, stride_sn, N, H, V_local, n_tiles, inv_t, n_progs,
+    saved_ptr, stride_sn, save_cols, N, H, V_local, n_tiles, inv_t, n_progs,
     HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, DESC: tl.constexpr, SAVE: tl.constexpr,
@@ -122,8 +124,9 @@ def _tile_stats_kernel(
         tl.store(out + 2 * plane, t, mask=row_ok)
         tl.store(out + 3 * plane, tz, mask=row_ok)
         tl.store(out + 4 * plane, hit, mask=row_ok)
-        if SAVE:  # saved="logits": z less the tile's row max (stats plane 0), for the backward
-            _store_relative(z, m, rm, tile * BLOCK_N, row_ok, V_local, saved_ptr, stride_sn, BLOCK_M, BLOCK_N)
+        if SAVE:  # saved="logits": z less the tile's row max (stats plane 0), for the backward, in the
+            # kept columns only (masked stores past save_cols: a branch here fails triton 3.6's sm90 passes)
+            _store_relative(z, m, rm, tile * BLOCK_N, row_ok, save_cols, saved_ptr, stride_sn, BLOCK_M, BLOCK_N)
 
 
 @cached
@@ -319,7 +322,8 @@ def _programs(desc: bool, device: torch.device, n_items: int) -> int:
 def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entropy: bool,
                saved: Optional[torch.Tensor] = None):
     """The softmax states of this vocab shard's block_n tiles, in vocab order: fp32 [5, tiles, N].
-    saved: a [N, V_local] buffer (saved="logits") that receives z - the tile's row max."""
+    saved: an [N, S] buffer (saved="logits") that receives z - the tile's row max of the shard's
+    first S columns (S: kept_columns)."""
     N, H = hidden.shape
     V_local = weight.shape[0]
     cfg = tile_config("linear_logp_fwd", hidden)
@@ -333,7 +337,7 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
     _tile_stats_kernel[(n_progs,)](
         hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc, bias if bias is not None else weight,
         target_local, stats, saved if saved is not None else stats, saved.stride(0) if saved is not None else 0,
-        N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
+        saved.shape[1] if saved is not None else 0, N, H, V_local, n_tiles, 1.0 / temperature, n_progs,
         HAS_BIAS=bias is not None, WITH_ENTROPY=with_entropy, UPCAST=upcast, IEEE=ieee,
         EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, DESC=desc, SAVE=saved is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -342,6 +346,20 @@ def tile_stats(hidden, weight, bias, target_local, temperature: float, with_entr
 
 
 SAVED = ("recompute", "logits")
+
+
+def kept_columns(cfg: configs.MatmulConfig, V_local: int, vocab_start: int, global_V: int,
+                 saved_vocab: Optional[int]) -> int:
+    """How many of this shard's columns saved="logits" keeps: its part of the vocab's first
+    saved_vocab columns (None: all of them), rounded down to whole backward chunks (cfg: the
+    linear_logp_dlogits config; chunk_v is a multiple of the forward's block_n, so the kept columns
+    are whole forward tiles too) unless that covers the vocab. Fixed by V and saved_vocab, never by
+    the tokens: a token's d hidden then never depends on its batch."""
+    if saved_vocab is None or saved_vocab >= global_V:
+        kept = global_V
+    else:
+        kept = saved_vocab // cfg.chunk_v * cfg.chunk_v
+    return min(max(kept - vocab_start, 0), V_local)
 
 
 def saved_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -375,8 +393,8 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     """This shard's part of the backward.
 
     grad_logp must already be zero on ignored rows. saved / tile_max (saved="logits"): the forward's
-    z - tile max [N, V_local] and the tiles' row maxima [tiles, N]; d logits then come from them instead
-    of a recomputed GEMM. acc_in: the fp32 d hidden accumulated over the
+    z - tile max [N, S] of the shard's first S columns and those tiles' row maxima; their d logits then
+    come from them instead of a recomputed GEMM. acc_in: the fp32 d hidden accumulated over the
     vocab before this shard (None: this shard starts the vocab). Returns (d hidden, d weight,
     d bias): d hidden in hidden's dtype when `final`, else the fp32 accumulator for the next shard.
     """
@@ -410,28 +428,34 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
         if (fwd.block_m, fwd.block_n) != (cfg.block_m, cfg.block_n) or C % cfg.block_n:
             raise RuntimeError("configs: saved logits need linear_logp_dlogits' tiles equal to the forward's "
                                f"and chunk_v a multiple of block_n (fwd {fwd}, dlogits {cfg})")
+    kept = saved.shape[1] if saved is not None else 0
     acc = acc_in
     n_passes = cdiv(V_local, P)
     for c in range(n_passes):  # increasing vocab order: chunks, and passes of whole chunks
         c0 = c * P
         width = min(P, V_local - c0)
-        if saved is not None:
-            _dlogits_saved_kernel[(n_row_blocks, cdiv(width, cfg.block_n))](
+        # the pass's kept columns come first (kept is whole chunks or the shard); d logits of a column
+        # are the same bits whichever launch of the pass writes them (elementwise in the column)
+        split = min(max(kept - c0, 0), width)
+        if split:
+            _dlogits_saved_kernel[(n_row_blocks, cdiv(split, cfg.block_n))](
                 saved, saved.stride(0), tile_max, target_local, row_max, row_logsum, entropy if with_h else row_max,
                 grad_logp, grad_entropy if with_h else grad_logp,
                 d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
-                N, c0, width, 1.0 / temperature,
+                N, c0, split, 1.0 / temperature,
                 HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 PIECES=min(8, cfg.block_n // 8), num_warps=cfg.num_warps,
             )
-        else:
-            n_progs = _programs(desc, dev, n_row_blocks * cdiv(width, cfg.block_n))
+        if split < width:
+            rest = width - split
+            d_rest, part_rest = d_logits[:, split:], dbias_part[:, split:] if bias is not None else dbias_part
+            n_progs = _programs(desc, dev, n_row_blocks * cdiv(rest, cfg.block_n))
             _dlogits_kernel[(n_progs,)](
                 hidden, hidden.stride(0), weight, weight.stride(0), x_desc, w_desc,
                 bias if bias is not None else weight, target_local, row_max, row_logsum, entropy if with_h else row_max,
                 grad_logp, grad_entropy if with_h else grad_logp,
-                d_logits, d_logits.stride(0), dbias_part, dbias_part.stride(0) if bias is not None else 0,
-                N, H, V_local, c0, width, 1.0 / temperature, n_progs,
+                d_rest, d_rest.stride(0), part_rest, part_rest.stride(0) if bias is not None else 0,
+                N, H, V_local, c0 + split, rest, 1.0 / temperature, n_progs,
                 HAS_BIAS=bias is not None, WITH_ENTROPY_GRAD=with_h, UPCAST=upcast, IEEE=ieee,
                 EVEN_K=H % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                 GROUP_M=cfg.group_m, DESC=desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -472,27 +496,39 @@ def _grad_logp_or_zero(grad_logp, target, ignore_index, like):
 @torch.library.custom_op("rlk_triton::linear_logp_fwd", mutates_args=())
 def linear_logp_fwd(
     hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
-    temperature: float, ignore_index: int, with_entropy: bool, save_logits: bool,
+    temperature: float, ignore_index: int, with_entropy: bool, save_cols: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logp, entropy, row_max, row_logsum, saved, tile_max); saved [N, V] and tile_max [tiles, N] are
-    empty unless save_logits (saved="logits": what the backward reads instead of recomputing)."""
-    N, V = hidden.shape[0], weight.shape[0]
-    target_local = local_targets(target, 0, V, ignore_index)
-    saved = hidden.new_empty((N, V) if save_logits else (0, 0), dtype=saved_dtype(hidden.dtype))
-    stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
-                       saved if save_logits else None)
-    tile_max = stats[0].clone() if save_logits else stats.new_empty((0, N))  # plane 0: the tiles' row maxima
-    return (*merge(stats, target, ignore_index, with_entropy), saved, tile_max)
+    """(logp, entropy, row_max, row_logsum, saved, tile_max); saved [N, save_cols] and tile_max
+    [its tiles, N] are empty unless save_cols (saved="logits": what the backward reads instead of
+    recomputing; save_cols from kept_columns)."""
+    N = hidden.shape[0]
+    target_local = local_targets(target, 0, weight.shape[0], ignore_index)
+    saved, stats = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols)
+    return (*merge(stats, target, ignore_index, with_entropy), saved, _tile_max(stats, hidden, save_cols, N))
+
+
+def _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols: int):
+    """(saved, stats): the kept-logits buffer [N, save_cols] (empty [0, 0] when nothing is kept) and
+    the tile states."""
+    saved = hidden.new_empty((hidden.shape[0], save_cols) if save_cols else (0, 0), dtype=saved_dtype(hidden.dtype))
+    return saved, tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
+                             saved if save_cols else None)
+
+
+def _tile_max(stats, hidden, save_cols: int, N: int):
+    """The kept tiles' row maxima [tiles, N] (stats plane 0), or an empty [0, N]."""
+    tiles = cdiv(save_cols, tile_config("linear_logp_fwd", hidden).block_n)
+    return stats[0, :tiles].clone() if save_cols else stats.new_empty((0, N))
 
 
 @linear_logp_fwd.register_fake
-def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_logits):
-    n, V = hidden.shape[0], weight.shape[0]
+def _(hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_cols):
+    n = hidden.shape[0]
     f = lambda k: hidden.new_empty(k, dtype=torch.float32)  # noqa: E731
-    tiles = cdiv(V, tile_config("linear_logp_fwd", hidden).block_n)
+    tiles = cdiv(save_cols, tile_config("linear_logp_fwd", hidden).block_n)
     return (f(n), f(n if with_entropy else 0), f(n), f(n),
-            hidden.new_empty((n, V) if save_logits else (0, 0), dtype=saved_dtype(hidden.dtype)),
-            f((tiles, n) if save_logits else (0, n)))
+            hidden.new_empty((n, save_cols) if save_cols else (0, 0), dtype=saved_dtype(hidden.dtype)),
+            f((tiles, n) if save_cols else (0, n)))
 
 
 @torch.library.custom_op("rlk_triton::linear_logp_bwd", mutates_args=())
@@ -516,10 +552,10 @@ def _(grad_logp, grad_entropy, hidden, weight, bias, *rest):
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_logits = inputs
+    hidden, weight, bias, target, temperature, ignore_index, with_entropy, save_cols = inputs
     _, entropy, row_max, row_logsum, saved, tile_max = output
     ctx.save_for_backward(hidden, weight, bias, target, row_max, row_logsum, entropy, saved, tile_max)
-    ctx.temperature, ctx.ignore_index, ctx.save_logits = temperature, ignore_index, save_logits
+    ctx.temperature, ctx.ignore_index, ctx.save_cols = temperature, ignore_index, save_cols
     # Outputs without a gradient reach _backward as None, not as zeros: autograd would otherwise
     # allocate and clear an [N, V] tensor for `saved` on every backward (2.3 GiB at 8192 x 151936).
     ctx.set_materialize_grads(False)
@@ -529,7 +565,7 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_max, _grad_logsum, _grad_saved
     hidden, weight, bias, target, row_max, row_logsum, entropy, saved, tile_max = ctx.saved_tensors
     g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)
     ge = grad_entropy.contiguous() if grad_entropy is not None and grad_entropy.numel() else None
-    keep = ctx.save_logits
+    keep = ctx.save_cols > 0
     dh, dw, db = call_linear_logp_bwd(g, ge, hidden, weight, bias, target, row_max, row_logsum, entropy,
                                       ctx.temperature, ctx.ignore_index, saved if keep else None,
                                       tile_max if keep else None)
@@ -562,20 +598,17 @@ class LinearLogpTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, temperature, ignore_index, with_entropy, group,
-                vocab_start, save_logits=False):
+                vocab_start, save_cols=0):
         target_local = local_targets(target, vocab_start, weight.shape[0], ignore_index)
-        # saved="logits": this shard's z - tile max and its tiles' maxima (local tile indices), as one
-        # shard keeps them; tiles start at the shard's start, on the forward's tile boundaries when aligned
-        saved = hidden.new_empty((hidden.shape[0], weight.shape[0]) if save_logits else (0, 0),
-                                 dtype=saved_dtype(hidden.dtype))
-        stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
-                           saved if save_logits else None)
-        tile_max = stats[0].clone() if save_logits else stats.new_empty((0, hidden.shape[0]))
+        # saved="logits": this shard's kept z - tile max and those tiles' maxima (local tile indices), as
+        # one shard keeps them; tiles start at the shard's start, on the forward's tile boundaries when aligned
+        saved, stats = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols)
+        tile_max = _tile_max(stats, hidden, save_cols, hidden.shape[0])
         logp, entropy, row_max, row_logsum = merge(gather_stats(stats, group), target, ignore_index,
                                                    with_entropy)
         ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy, saved,
                               tile_max)
-        ctx.temperature, ctx.ignore_index, ctx.group, ctx.save_logits = temperature, ignore_index, group, save_logits
+        ctx.temperature, ctx.ignore_index, ctx.group, ctx.save_cols = temperature, ignore_index, group, save_cols
         ctx.mark_non_differentiable(row_max, row_logsum)
         return logp, entropy, row_max, row_logsum
 
@@ -584,7 +617,7 @@ class LinearLogpTP(torch.autograd.Function):
         import torch.distributed as dist
 
         hidden, weight, bias, target, target_local, row_max, row_logsum, entropy, saved, tile_max = ctx.saved_tensors
-        keep = ctx.save_logits
+        keep = ctx.save_cols > 0
         group = ctx.group
         rank, k = dist.get_rank(group), dist.get_world_size(group)
         g = _grad_logp_or_zero(grad_logp, target, ctx.ignore_index, row_max)

@@ -13,6 +13,7 @@ Error model behind the judgments (docs/linear_logp.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -40,10 +41,12 @@ class LinearCase:
     bias: bool = False
     seed: int = 0
     saved: str = "recompute"  # linear_logp's saved= (what the backward keeps)
+    saved_vocab: Optional[int] = None  # with saved="logits": the kept columns (None: all)
 
     def label(self) -> str:
+        kept = "" if self.saved_vocab is None else f" saved_vocab={self.saved_vocab}"
         return (f"N={self.rows} H={self.H} V={self.V} {contracts.dtype_name(self.dtype)} "
-                f"T={self.temperature} scale={self.scale} bias={self.bias} saved={self.saved}")
+                f"T={self.temperature} scale={self.scale} bias={self.bias} saved={self.saved}{kept}")
 
 
 def make_linear_inputs(rows, H, V, dtype, scale, bias, gen, device):
@@ -92,7 +95,7 @@ def linear_errors(case: LinearCase, device, with_grad=True) -> dict:
     hidden, weight, bias, targets = build_linear_case(case, device)
     leaves = [x.detach().requires_grad_(with_grad) if x is not None else None for x in (hidden, weight, bias)]
     logp, ent = linear_logp(leaves[0], leaves[1], targets, bias=leaves[2], temperature=case.temperature,
-                            return_entropy=True, saved=case.saved)
+                            return_entropy=True, saved=case.saved, saved_vocab=case.saved_vocab)
     outs = {"logp": logp.detach(), "entropy": ent.detach()}
     g, ge = grad_weights(case.rows, case.seed)
     if with_grad:
@@ -157,7 +160,8 @@ def judge_linear_logp(case: LinearCase, device, with_grad=True) -> dict:
     return judge_errors(linear_errors(case, device, with_grad), case.dtype, arch_of(torch.device(device)))
 
 
-def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.0, saved="recompute") -> RowOp:
+def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.0, saved="recompute",
+                       saved_vocab=None) -> RowOp:
     """linear_logp as a RowOp over tokens (inputs: hidden rows, targets); the weight and bias are
     shared by every batch. Gradients judged: d hidden (rows); d weight is a sum over tokens."""
     from ..logp import linear_logp
@@ -171,13 +175,14 @@ def linear_logp_row_op(H, V, dtype, device, temperature=0.8, bias=True, scale=3.
 
     def forward(hidden, targets):
         return linear_logp(hidden, weight, targets, bias=b, temperature=temperature, return_entropy=True,
-                           saved=saved)
+                           saved=saved, saved_vocab=saved_vocab)
 
     def padding(n, gen):
         return (torch.zeros(n, H, dtype=dtype, device=device),
                 torch.full((n,), IGNORE_INDEX, dtype=torch.long, device=device))
 
-    return RowOp(f"linear_logp[H={H},V={V},{contracts.dtype_name(dtype)},saved={saved}]", forward, make_rows,
+    kept = "" if saved_vocab is None else f",saved_vocab={saved_vocab}"
+    return RowOp(f"linear_logp[H={H},V={V},{contracts.dtype_name(dtype)},saved={saved}{kept}]", forward, make_rows,
                  grad_inputs=(0,), make_padding=padding)
 
 
