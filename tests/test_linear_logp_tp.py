@@ -64,6 +64,16 @@ def _spawn(tmp_path, dtype, bounds, saved="recompute", saved_vocab=None):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
+def _assert_one_shard(ranks, one, bounds):
+    """Every rank holds one shard's logp, entropy and d hidden, and its rows of d weight / d bias."""
+    for r, got in enumerate(ranks):
+        for name in ("logp", "entropy", "d_hidden"):
+            assert torch.equal(got[name], one[name]), (r, name)
+        lo, hi = bounds[r], bounds[r + 1]
+        assert torch.equal(got["d_weight"], one["d_weight"][lo:hi]), r
+        assert torch.equal(got["d_bias"], one["d_bias"][lo:hi]), r
+
+
 @pytest.mark.parametrize("world,dtype,saved", [(2, torch.float32, "recompute"), (4, torch.bfloat16, "recompute"),
                                                (2, torch.float32, "logits"), (4, torch.bfloat16, "logits")])
 def test_aligned_shards_are_bitwise_one_shard(tmp_path, world, dtype, saved):
@@ -77,12 +87,7 @@ def test_aligned_shards_are_bitwise_one_shard(tmp_path, world, dtype, saved):
     ranks = _spawn(tmp_path, dtype, bounds, saved)
     hidden, weight, bias, targets, g, ge = _inputs(dtype, V)
     one = _run(hidden, weight, bias, targets, g, ge, saved=saved)
-    for r, got in enumerate(ranks):
-        for name in ("logp", "entropy", "d_hidden"):
-            assert torch.equal(got[name], one[name]), (r, name)
-        lo, hi = bounds[r], bounds[r + 1]
-        assert torch.equal(got["d_weight"], one["d_weight"][lo:hi]), r
-        assert torch.equal(got["d_bias"], one["d_bias"][lo:hi]), r
+    _assert_one_shard(ranks, one, bounds)
 
 
 @pytest.mark.parametrize("world,kept_chunks", [(2, 2), (4, 2)])
@@ -96,12 +101,7 @@ def test_aligned_shards_keeping_part_of_the_vocab_are_bitwise_one_shard(tmp_path
     ranks = _spawn(tmp_path, torch.bfloat16, bounds, "logits", saved_vocab)
     hidden, weight, bias, targets, g, ge = _inputs(torch.bfloat16, V)
     one = _run(hidden, weight, bias, targets, g, ge, saved="logits", saved_vocab=saved_vocab)
-    for r, got in enumerate(ranks):
-        for name in ("logp", "entropy", "d_hidden"):
-            assert torch.equal(got[name], one[name]), (r, name)
-        lo, hi = bounds[r], bounds[r + 1]
-        assert torch.equal(got["d_weight"], one["d_weight"][lo:hi]), r
-        assert torch.equal(got["d_bias"], one["d_bias"][lo:hi]), r
+    _assert_one_shard(ranks, one, bounds)
 
 
 def test_unaligned_shards_stay_within_contract(tmp_path):
