@@ -581,10 +581,16 @@ def table_as_data() -> list[dict]:
 
 
 def fingerprint(arch: str | None = None) -> str:
-    """Hash of the locked-config table, the triton version and the arch: names the compiled semantics."""
+    """Hash of the locked-config table, the triton version and the arch: names the compiled semantics.
+    Memoized until the table changes (every descriptor and policy decision carries it; hashing the
+    table took ~20 ms)."""
     arch = arch or default_arch()
+    key = (fingerprint, arch, triton.__version__, id(BIT_CLASSES))
+    if key in _MEMO:
+        return _MEMO[key]
     payload = json.dumps(
         {"table": table_as_data(), "classes": [asdict(c) for c in BIT_CLASSES], "triton": triton.__version__,
          "arch": arch}, sort_keys=True
     )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    _MEMO[key] = out = hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return out

@@ -132,8 +132,15 @@ def judgment(op: str, dtype, name: str, arch: str | None = None) -> dict:
 def contract_id(op: str, dtype, arch: str | None = None) -> str:
     """Hash of the rows that judge (op, dtype) on arch: names the law a result was held to."""
     _check_key("op", op)
-    rows = {n: judgment(op, dtype, n, arch) for n in JUDGMENTS}
-    payload = json.dumps({"op": op, "dtype": dtype_name(dtype), "rows": rows}, sort_keys=True)
+    _check_key("arch", arch, optional=True)
+    return _contract_id(op, dtype_name(dtype), arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _contract_id(op: str, dt: str, arch: str | None) -> str:
+    # the tables are loaded once (_load_table), so their hash is too: every policy decision asks
+    rows = {n: judgment(op, dt, n, arch) for n in JUDGMENTS}
+    payload = json.dumps({"op": op, "dtype": dt, "rows": rows}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -8,6 +8,7 @@ Stable backend ids are "<op>.<backend>" ("selected_logp.triton", "selected_logp.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # native: a hand-written CUDA kernel, available only where `rlk-triton native admit` recorded it bitwise
@@ -217,5 +218,11 @@ def _rl_operators() -> list:
 
 def operators() -> list[Operator]:
     """Every operator's descriptor, in a fixed order."""
-    return [_selected_logp(), _linear_logp(), _matmul(), _rmsnorm(), _swiglu(), _rope(), _embedding(),
-            _attention(), *_rl_operators()]
+    return list(_table())
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> tuple:
+    """Built once: every policy decision reads it (frozen descriptors; describe() copies them out)."""
+    return (_selected_logp(), _linear_logp(), _matmul(), _rmsnorm(), _swiglu(), _rope(), _embedding(),
+            _attention(), *_rl_operators())

@@ -148,11 +148,11 @@ def _allowlist(allowlist, env) -> tuple[Optional[list], str]:
     return (None if "*" in names else sorted(set(names))), source
 
 
-def _rows_rank(desc: dict, rows: Optional[int], call: str) -> Optional[dict]:
-    """The descriptor's measured rank (a RowsRank as a dict) for an eager call of `rows` rows, or None."""
+def _rows_rank(backend: registry.Backend, rows: Optional[int], call: str):
+    """The backend's measured rank (operators.RowsRank) for an eager call of `rows` rows, or None."""
     if rows is None or call != "eager":
         return None
-    return next((r for r in desc["speed_rank_by_rows"] if rows <= r["max_rows"]), None)
+    return next((r for r in backend.speed_rank_by_rows if rows <= r.max_rows), None)
 
 
 def resolve(
@@ -242,47 +242,45 @@ def resolve(
         except ContractError:
             d.contract_id = None
 
-    descriptors = [registry.describe(b, device) for b in entry.backends]
-    measured = {x["backend_id"]: _rows_rank(x, rows, call) for x in descriptors}
-    descriptors.sort(key=lambda x: measured[x["backend_id"]]["rank"] if measured[x["backend_id"]] else x["speed_rank"])
+    # each backend's static descriptor and what this process measured of it (registry.measured: the
+    # policy does not need describe()'s contract ids and fingerprint, which cost most of a decision)
+    backends = [(b, registry.measured(b, device), _rows_rank(b, rows, call)) for b in entry.backends]
+    backends.sort(key=lambda x: x[2].rank if x[2] else x[0].speed_rank)
     need_strict = cons_mode == "strict"
     chosen, reasons = None, {}
-    for desc in descriptors:
-        bid = desc["backend_id"]
+    for b, m, rank in backends:
+        bid = b.backend_id
         if effective_fast == "off":
             reasons[bid] = "not taken: fast=off, the caller's native path runs" + (
                 " (op not in the allowlist)" if fast_mode != "off" else "") + (
-                "" if desc["available"] else f"; unavailable here: {desc['unavailable_reason']}")
-        elif not desc["available"]:
-            reasons[bid] = f"unavailable: {desc['unavailable_reason']}"
-        elif dt not in desc["dtypes"]:
-            reasons[bid] = f"dtype {dt} not supported (supports {', '.join(desc['dtypes'])})"
-        elif need_strict and not desc["strict_eligible"]:
+                "" if m["available"] else f"; unavailable here: {m['unavailable_reason']}")
+        elif not m["available"]:
+            reasons[bid] = f"unavailable: {m['unavailable_reason']}"
+        elif dt not in b.dtypes:
+            reasons[bid] = f"dtype {dt} not supported (supports {', '.join(b.dtypes)})"
+        elif need_strict and not m["strict_eligible"]:
             reasons[bid] = "not strict-eligible"
-        elif not desc["optimized"]:
-            reasons[bid] = "not an optimized backend" + (f" ({desc['notes']})" if desc["notes"] else "")
-        elif call == "compile" and desc["eager_only"]:
+        elif not m["optimized"]:
+            reasons[bid] = "not an optimized backend" + (f" ({m['notes']})" if m["notes"] else "")
+        elif call == "compile" and b.eager_only:
             reasons[bid] = "eager only: not for call='compile' (torch.compile raises BackendError)"
         elif chosen is None:
             chosen = bid
-            rank = measured[bid]
             reasons[bid] = "taken: fastest eligible backend" + (
-                f" for eager calls of at most {rank['max_rows']} rows ({rank['report']}: {rank['measured']})"
-                if rank else "")
+                f" for eager calls of at most {rank.max_rows} rows ({rank.report}: {rank.measured})" if rank else "")
         else:
             reasons[bid] = f"not taken: {chosen} is faster"
     if chosen is None and effective_fast == "auto" and need_strict:
         # auto/strict: the contract-preserving reference backend is the declared fallback
-        for desc in descriptors:
-            bid = desc["backend_id"]
-            if (desc["backend_class"] == "reference" and desc["available"] and desc["strict_eligible"]
-                    and dt in desc["dtypes"]):
+        for b, m, _ in backends:
+            bid = b.backend_id
+            if b.backend_class == "reference" and m["available"] and m["strict_eligible"] and dt in b.dtypes:
                 chosen = bid
                 reasons[bid] = "taken: contract-preserving reference fallback"
                 d.fallback = {"used": True, "reason": "no strict-eligible optimized backend is available"}
                 break
-    d.candidates = [{"backend_id": x["backend_id"], "class": x["backend_class"], "available": x["available"],
-                     "taken": x["backend_id"] == chosen, "reason": reasons[x["backend_id"]]} for x in descriptors]
+    d.candidates = [{"backend_id": b.backend_id, "class": b.backend_class, "available": m["available"],
+                     "taken": b.backend_id == chosen, "reason": reasons[b.backend_id]} for b, m, _ in backends]
     if effective_fast != "off" and chosen is None:
         why = "; ".join(f"{c['backend_id']}: {c['reason']}" for c in d.candidates)
         if effective_fast == "strict" or need_strict:

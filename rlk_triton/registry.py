@@ -122,6 +122,35 @@ def build_fingerprint(device) -> dict:
             "arch": arch, "locked_configs": configs.fingerprint(arch) if arch else None}
 
 
+def measured(backend: Backend, device) -> dict:
+    """What this process measured of `backend` on `device`: available / unavailable_reason, and the
+    claims that the device or a check here changes (strict_eligible, optimized, notes, the claims a
+    failed check contradicts, failed_here). The policy chooses on this and the static descriptor;
+    describe() adds the contract ids and the build fingerprint."""
+    device = device_str(device)
+    arch, no_device = arch_here(device)
+    if backend.backend_class == "native":  # the admission record is the measurement (rlk_triton/native.py),
+        from . import native                # read once per process, as the call path reads it
+
+        available, reason = (False, no_device) if arch is None else native.usable(backend.op, device)
+    else:
+        available, reason = measure_availability(backend.op, backend.name, device)
+    m = {"available": available, "unavailable_reason": reason, "optimized": backend.optimized,
+         "notes": backend.notes,
+         "strict_eligible": available if backend.backend_class == "native" else backend.strict_eligible}
+    if arch == "interpreter" and backend.optimized:
+        # Triton kernels under the interpreter compute the same function, but are not fast.
+        m.update(optimized=False, notes=(backend.notes + " " if backend.notes else "")
+                 + "runs under the Triton interpreter here: correct, not optimized")
+    failed = dict(_FAILED_HERE.get((backend.op, backend.name, device), {}))
+    for prop in failed:
+        m.update({claim: False for claim in CLAIMS[prop]})
+    if failed:
+        m["notes"] = (m["notes"] + " " if m["notes"] else "") + "failed here in rlk-triton check: " + ", ".join(failed)
+    m["failed_here"] = failed
+    return m
+
+
 def describe(backend: Backend, device) -> dict:
     """The JSON-serializable descriptor of a backend on `device`, availability measured.
 
@@ -130,31 +159,14 @@ def describe(backend: Backend, device) -> dict:
     from . import contracts
 
     device = device_str(device)
-    arch, no_device = arch_here(device)
-    if backend.backend_class == "native":  # the admission record is the measurement (rlk_triton/native.py)
-        from . import native
-
-        available, reason = (False, no_device) if arch is None else native.availability(backend.op, device)
-    else:
-        available, reason = measure_availability(backend.op, backend.name, device)
+    arch, _ = arch_here(device)
     d = asdict(backend)
-    if backend.backend_class == "native":
-        d["strict_eligible"] = available
-    if arch == "interpreter" and backend.optimized:
-        # Triton kernels under the interpreter compute the same function, but are not fast.
-        d.update(optimized=False, notes=(backend.notes + " " if backend.notes else "")
-                 + "runs under the Triton interpreter here: correct, not optimized")
-    failed = dict(_FAILED_HERE.get((backend.op, backend.name, device), {}))
-    for prop in failed:
-        d.update({claim: False for claim in CLAIMS[prop]})
-    if failed:
-        d["notes"] = (d["notes"] + " " if d["notes"] else "") + "failed here in rlk-triton check: " + ", ".join(failed)
+    d.update(measured(backend, device))
     # no such device here: its arch, hence the arch overrides of the contract rows, are unknown
     d.update(backend_id=backend.backend_id, device=device,
              contract_ids={dt: contracts.contract_id(operator(backend.op).contract, dt, arch) if arch else None
                            for dt in backend.dtypes},
-             build_fingerprint=build_fingerprint(device), available=available, unavailable_reason=reason,
-             claims_tested_by="rlk-triton check", failed_here=failed)
+             build_fingerprint=build_fingerprint(device), claims_tested_by="rlk-triton check")
     d["dtypes"], d["parallel_modes"] = list(backend.dtypes), list(backend.parallel_modes)
     d["speed_rank_by_rows"] = list(d["speed_rank_by_rows"])
     return d

@@ -171,7 +171,7 @@ def native_admitted(monkeypatch):
     """As on an H200 with admission records that match: the native backends are available."""
     from rlk_triton import native
 
-    monkeypatch.setattr(native, "availability", lambda op, device: (True, None))
+    monkeypatch.setattr(native, "usable", lambda op, device: (True, None))
 
 
 def _rows_rank(op):
@@ -208,7 +208,7 @@ def test_native_ranks_first_only_for_the_measured_small_eager_calls(op, situatio
 
 
 def test_an_unadmitted_native_kernel_is_never_picked_for_small_calls(situation):
-    situation("gpu")  # no admission record here: native.availability says why
+    situation("gpu")  # no admission record here: native.usable says why
     d = policy.resolve("selected_logp", dtype="bfloat16", device="cpu", fast="auto", env={}, rows=1)
     assert d.chosen == TRITON
     assert next(c for c in d.candidates if c["backend_id"] == "selected_logp.cuda_native")["reason"].startswith(
@@ -251,3 +251,23 @@ def test_every_rows_rank_is_what_its_report_measured():
                     assert v[b.name] < v["triton"], (b.backend_id, k, v)
                 checked += len(small)
     assert checked >= 8
+
+
+def test_a_decision_rehashes_no_table(situation, monkeypatch):
+    """Frameworks may resolve per call (rows=): after the first decision none may rehash the locked
+    configs or the contract tables (that made each decision cost ~23 ms on a CI-class CPU)."""
+    from rlk_triton import configs, contracts
+
+    situation("gpu")
+    kw = dict(dtype="bfloat16", device="cpu", fast="auto", consistency="audit", env={})
+    first = policy.resolve("selected_logp", rows=8, **kw)
+    backend = registry.operator("selected_logp").backends[0]
+    registry.describe(backend, "cpu")
+    hashed = []
+    monkeypatch.setattr(configs, "table_as_data", lambda: hashed.append("configs"))
+    monkeypatch.setattr(contracts, "judgment", lambda *a, **k: hashed.append("contracts"))
+    for rows in (1, 8, 64, 4096, None):
+        d = policy.resolve("selected_logp", rows=rows, **kw)
+        assert d.contract_id == first.contract_id
+    registry.describe(backend, "cpu")
+    assert hashed == []
