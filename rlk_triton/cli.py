@@ -340,8 +340,10 @@ def _capabilities(args) -> int:
     print("claims (strict, batch-invariant, deterministic) are tested by `rlk-triton check` on this machine")
     print(f"{'backend':32s} {'class':10s} {'strict':6s} {'optimized':9s} {'available':9s} why not / notes")
     for c in caps:
+        first = "".join(f"; ranked first for eager calls of <= {r['max_rows']} rows ({r['report']})"
+                        for r in c["speed_rank_by_rows"])
         print(f"{c['backend_id']:32s} {c['backend_class']:10s} {str(c['strict_eligible']):6s} "
-              f"{str(c['optimized']):9s} {str(c['available']):9s} {c['unavailable_reason'] or c['notes']}")
+              f"{str(c['optimized']):9s} {str(c['available']):9s} {c['unavailable_reason'] or c['notes']}{first}")
     return 0
 
 

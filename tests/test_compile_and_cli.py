@@ -109,6 +109,8 @@ def test_cli_capabilities_json_and_table():
     table = subprocess.run([sys.executable, "-m", "rlk_triton.cli", "capabilities"], capture_output=True,
                            text=True, check=True).stdout
     assert "selected_logp.torch_reference" in table and "available" in table
+    native = next(line for line in table.splitlines() if line.startswith("selected_logp.cuda_native"))
+    assert "ranked first for eager calls of <= 64 rows" in native  # the measured small-call rank is shown
 
 
 def test_cli_resolve_prints_the_record_and_fails_closed():
