@@ -129,11 +129,14 @@ def test_configs_keep_the_saved_path_aligned():
             assert (fwd.block_m, fwd.block_n) == (cfg.block_m, cfg.block_n) and cfg.chunk_v % cfg.block_n == 0
 
 
-def test_under_torch_compile(device):
+@pytest.mark.parametrize("kept_chunks", (None, 1))
+def test_under_torch_compile(device, kept_chunks):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True, seed=8), device)
+    saved_vocab = None if kept_chunks is None else kept_chunks * _chunk_of(hidden)
 
     def f(h, w, b, t):
-        lp, ent = linear_logp(h, w, t, bias=b, temperature=0.8, return_entropy=True, validate=False, saved="logits")
+        lp, ent = linear_logp(h, w, t, bias=b, temperature=0.8, return_entropy=True, validate=False, saved="logits",
+                              saved_vocab=saved_vocab)
         return (lp + 0.1 * ent).sum()
 
     backend = "inductor" if device == "cuda" else "aot_eager"
