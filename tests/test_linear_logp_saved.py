@@ -17,6 +17,11 @@ from rlk_triton.testing.linear_parity import LinearCase, build_linear_case, line
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _chunk(device, dtype):
+    """The backward's vocab chunk (configs chunk_v) on this device."""
+    return configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device(device)), dtype).chunk_v
+
+
 def _fwd_bwd(hidden, weight, bias, targets, saved, T=0.9, saved_vocab=None):
     g = torch.linspace(-1, 1, hidden.shape[0], device=hidden.device)
     leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (hidden, weight, bias)]
@@ -37,7 +42,7 @@ def test_forward_bits_do_not_depend_on_saved(device, dtype):
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_batch_invariance_of_values_and_d_hidden(device, dtype):
-    chunk = configs.lookup_matmul("linear_logp_dlogits", arch_of(torch.device(device)), dtype).chunk_v
+    chunk = _chunk(device, dtype)
     V = 2 * chunk + 37 if device == "cpu" else 4099
     report = check_batch_invariance(linear_logp_row_op(48 if device == "cpu" else 256, V, dtype, device,
                                                        saved="logits"),
@@ -132,7 +137,7 @@ def test_configs_keep_the_saved_path_aligned():
 @pytest.mark.parametrize("kept_chunks", (None, 1))
 def test_under_torch_compile(device, kept_chunks):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True, seed=8), device)
-    saved_vocab = None if kept_chunks is None else kept_chunks * _chunk_of(hidden)
+    saved_vocab = None if kept_chunks is None else kept_chunks * _chunk(device, torch.float32)
 
     def f(h, w, b, t):
         lp, ent = linear_logp(h, w, t, bias=b, temperature=0.8, return_entropy=True, validate=False, saved="logits",
@@ -171,18 +176,13 @@ def test_backward_memory_is_the_buffer_and_the_gradients():
 
 # ---- saved_vocab: the logits of the vocab's first columns only ----
 
-def _chunk_of(hidden):
-    return op.tile_config("linear_logp_dlogits", hidden).chunk_v
-
-
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_kept_columns_give_the_logits_bits_and_the_rest_the_recompute_bits(device, dtype):
     """d logits are elementwise in a column: with saved_vocab the kept columns' d weight / d bias rows
     are saved="logits"'s and the other columns' are "recompute"'s; logp and entropy are everyone's.
     saved_vocab=0 gives "recompute"'s gradients and saved_vocab >= V "logits"'s."""
     n, h = (37, 48) if device == "cpu" else (300, 520)
-    probe, *_ = build_linear_case(LinearCase(1, h, 8, dtype, seed=0), device)
-    C = _chunk_of(probe)
+    C = _chunk(device, dtype)
     V = 2 * C + 44  # two whole chunks and a partial one
     hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, V, dtype, bias=True, seed=13), device)
     rec, full = (_fwd_bwd(hidden, weight, bias, targets, s) for s in ("recompute", "logits"))
@@ -213,7 +213,7 @@ def test_kept_columns_are_whole_chunks_fixed_by_the_vocab():
 def test_what_a_partial_forward_keeps(device):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 300, torch.bfloat16, bias=True, seed=1),
                                                       device)
-    C, bn = _chunk_of(hidden), op.tile_config("linear_logp_fwd", hidden).block_n
+    C, bn = _chunk(device, torch.bfloat16), op.tile_config("linear_logp_fwd", hidden).block_n
     full = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, 300)
     part = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, C)
     assert part[4].shape == (9, C) and part[5].shape == (C // bn, 9)
@@ -225,8 +225,7 @@ def test_what_a_partial_forward_keeps(device):
 def test_partial_keep_is_within_contract_and_batch_invariant(device, dtype):
     from rlk_triton.testing.linear_parity import judge_linear_logp
 
-    probe, *_ = build_linear_case(LinearCase(1, 48, 8, dtype, seed=0), device)
-    C = _chunk_of(probe)
+    C = _chunk(device, dtype)
     V = 2 * C + 37 if device == "cpu" else 4099
     ratios = judge_linear_logp(LinearCase(19, 48, V, dtype, 0.8, 3.0, True, seed=5, saved="logits", saved_vocab=C),
                                device)

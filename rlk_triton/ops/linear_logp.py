@@ -501,24 +501,19 @@ def linear_logp_fwd(
     """(logp, entropy, row_max, row_logsum, saved, tile_max); saved [N, save_cols] and tile_max
     [its tiles, N] are empty unless save_cols (saved="logits": what the backward reads instead of
     recomputing; save_cols from kept_columns)."""
-    N = hidden.shape[0]
     target_local = local_targets(target, 0, weight.shape[0], ignore_index)
-    saved, stats = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols)
-    return (*merge(stats, target, ignore_index, with_entropy), saved, _tile_max(stats, hidden, save_cols, N))
+    stats, saved, tile_max = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy,
+                                              save_cols)
+    return (*merge(stats, target, ignore_index, with_entropy), saved, tile_max)
 
 
 def _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols: int):
-    """(saved, stats): the kept-logits buffer [N, save_cols] (empty [0, 0] when nothing is kept) and
-    the tile states."""
+    """(stats, saved, tile_max): the tile states, the kept-logits buffer [N, save_cols] and the kept
+    tiles' row maxima [tiles, N] (stats plane 0); the last two empty ([0, 0], [0, N]) when nothing is kept."""
     saved = hidden.new_empty((hidden.shape[0], save_cols) if save_cols else (0, 0), dtype=saved_dtype(hidden.dtype))
-    return saved, tile_stats(hidden, weight, bias, target_local, temperature, with_entropy,
-                             saved if save_cols else None)
-
-
-def _tile_max(stats, hidden, save_cols: int, N: int):
-    """The kept tiles' row maxima [tiles, N] (stats plane 0), or an empty [0, N]."""
+    stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy, saved if save_cols else None)
     tiles = cdiv(save_cols, tile_config("linear_logp_fwd", hidden).block_n)
-    return stats[0, :tiles].clone() if save_cols else stats.new_empty((0, N))
+    return stats, saved, stats[0, :tiles].clone()
 
 
 @linear_logp_fwd.register_fake
@@ -602,8 +597,8 @@ class LinearLogpTP(torch.autograd.Function):
         target_local = local_targets(target, vocab_start, weight.shape[0], ignore_index)
         # saved="logits": this shard's kept z - tile max and those tiles' maxima (local tile indices), as
         # one shard keeps them; tiles start at the shard's start, on the forward's tile boundaries when aligned
-        saved, stats = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols)
-        tile_max = _tile_max(stats, hidden, save_cols, hidden.shape[0])
+        stats, saved, tile_max = _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy,
+                                                  save_cols)
         logp, entropy, row_max, row_logsum = merge(gather_stats(stats, group), target, ignore_index,
                                                    with_entropy)
         ctx.save_for_backward(hidden, weight, bias, target, target_local, row_max, row_logsum, entropy, saved,
