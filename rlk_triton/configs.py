@@ -84,6 +84,12 @@ class MatmulConfig:
     # last tile), so the longest causal rows start first and the short ones fill the tail. Which
     # program runs a tile, never the tile's math. (dk / dv's longest KV blocks are its first already.)
     heavy_first: bool = False
+    # attention dk / dv: the score tiles computed transposed (k @ q^T), so that p^T and ds^T feed the
+    # dv / dk updates straight from their MMAs instead of through a shared-memory transpose. The same
+    # products laid out the other way (another MMA operand order: the GPU's bits are the sweep's to
+    # check). ptxas (triton 3.6, sm90, D 128): 128-key blocks with 8 warps, 1 stage spill 4 B / thread
+    # this way against 640 untransposed; at D 256's 128 x 64 tiles 1376 against 112.
+    scores_t: bool = False
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.

@@ -72,11 +72,11 @@ def row_key(kernel, arch, dtype, d):
 
 
 def cfg_dict(c):
-    return {f: getattr(c, f) for f in FIELDS + ("split_min_len",)}
+    return {f: getattr(c, f) for f in FIELDS + ("split_min_len", "scores_t")}
 
 
 def cfg_text(c):
-    return f"bm={c.block_m} bn={c.block_n} w={c.num_warps} st={c.num_stages}"
+    return f"bm={c.block_m} bn={c.block_n} w={c.num_warps} st={c.num_stages}" + (" scores_t" if c.scores_t else "")
 
 
 @contextmanager
@@ -100,12 +100,13 @@ def smem_estimate_kb(c, d, elt=2):
     return (c.block_m + 2 * c.block_n) * d * elt * c.num_stages / 1024
 
 
-def candidates(locked, sizes, warps, stages, d, skip_kb):
+def candidates(locked, sizes, warps, stages, d, skip_kb, scores_t=None):
     """(config, skip reason or None) for every tile of the grid but the locked one, nearest it first:
-    fewer changed fields, then fewer doublings / stage steps."""
+    fewer changed fields, then fewer doublings / stage steps. scores_t: the values of that flag to try
+    (dk / dv only; None: the locked one's)."""
     out = []
-    for bm, bn, w, s in itertools.product(sizes, sizes, warps, stages):
-        c = dataclasses.replace(locked, block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+    for bm, bn, w, s, t in itertools.product(sizes, sizes, warps, stages, scores_t or (locked.scores_t,)):
+        c = dataclasses.replace(locked, block_m=bm, block_n=bn, num_warps=w, num_stages=s, scores_t=t)
         if c == locked:
             continue
         est = smem_estimate_kb(c, d)
@@ -113,7 +114,7 @@ def candidates(locked, sizes, warps, stages, d, skip_kb):
 
     def dist(item):
         c = item[0]
-        changed = sum(getattr(c, f) != getattr(locked, f) for f in FIELDS)
+        changed = sum(getattr(c, f) != getattr(locked, f) for f in FIELDS + ("scores_t",))
         steps = sum(abs(math.log2(getattr(c, f) / getattr(locked, f))) for f in FIELDS[:3])
         return changed, steps + abs(c.num_stages - locked.num_stages)
     return sorted(out, key=dist)
@@ -400,7 +401,7 @@ def best(rows, kernel):
 def table_line(kernel, arch, dtype, d, c):
     key = row_key(kernel, arch, dtype, d)
     return (f"{key}: MatmulConfig({c.block_m}, {c.block_n}, 0, 1, {c.num_warps}, {c.num_stages}, "
-            f"split_min_len={c.split_min_len})")
+            f"split_min_len={c.split_min_len}" + (", scores_t=True)" if c.scores_t else ")"))
 
 
 def main(argv=None):
@@ -425,6 +426,8 @@ def main(argv=None):
                     help="max |grad - locked grad| / max |locked grad| per tensor for 'agrees'")
     ap.add_argument("--confirm", type=int, default=3, help="re-time the best K per kernel beside the locked rows")
     ap.add_argument("--fwd256", action="store_true", help="also the D=256 forward's tiles (speed only)")
+    ap.add_argument("--scores-t", choices=("locked", "on", "both"), default="locked",
+                    help="dk / dv candidates with configs scores_t as locked (default), transposed only, or both")
     ap.add_argument("--jobs", type=int, default=None, help="compile workers (default cores - 2, at most 14; 0: off)")
     ap.add_argument("--precompile-share", type=float, default=0.4, help="of the time box, at most")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -480,7 +483,9 @@ def main(argv=None):
             runs[d] = run
             plan = []
             if do_bwd:
-                per = {name: candidates(run.locked(name), sizes, warps, stages, d, args.smem_skip_kb)[:max_cands]
+                flags = {"locked": None, "on": (True,), "both": (False, True)}[args.scores_t]
+                per = {name: candidates(run.locked(name), sizes, warps, stages, d, args.smem_skip_kb,
+                                        flags if name == "dkdv" else None)[:max_cands]
                        for name in ("dkdv", "dq")}
                 # alternate the kernels: a time box that cuts the list leaves both explored alike
                 for a, b in itertools.zip_longest(per["dkdv"], per["dq"]):

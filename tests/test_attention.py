@@ -288,6 +288,49 @@ def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
             assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
 
 
+def _with_scores_t(monkeypatch, device, dtype):
+    """The dk / dv row with transposed scores (configs scores_t) on keys blocks twice the query blocks
+    (the shape they are for: on the GPU the 64 x 128, 8-warp tile they compile spill-free; on the
+    interpreter 16 x 32, so that BLOCK_N != BLOCK_M and the diagonal spans two query blocks)."""
+    gpu = device != "cpu"
+    _with_rows(monkeypatch, device, dtype, ("attention_bwd_dkdv",), scores_t=True, block_m=64 if gpu else 16,
+               block_n=128 if gpu else 32, num_warps=8 if gpu else 4, num_stages=1)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_backward_transposed_scores_within_contract_and_invariant(device, dtype, monkeypatch):
+    """configs scores_t: dk / dv from k @ q^T. Other bits than the locked row's are allowed (no other
+    path shares the backward's), so: within contract, deterministic, pack-invariant bitwise, and the
+    whole-block loops still give the masked loop's bits. (On the interpreter they are the locked row's
+    bits too: NumPy's products do not depend on the layout at these sizes; the GPU runs this test with
+    the real tiles.) Every dk / dv launch must have run transposed."""
+    from rlk_triton.ops import attention as attention_ops
+
+    launched, kernel = [], attention_ops._bwd_dkdv_kernel
+
+    class Spy:  # records what each dk / dv launch was asked for
+        def __getitem__(self, grid):
+            def call(*args, **meta):
+                launched.append(meta["SCORES_T"])
+                return kernel[grid](*args, **meta)
+            return call
+
+    monkeypatch.setattr(attention_ops, "_bwd_dkdv_kernel", Spy())
+    _with_scores_t(monkeypatch, device, dtype)
+    ratios = judge_attention(AttentionCase((29, 13), 4, 2, 16, dtype, True, 3.0, seed=3), device)
+    assert max(ratios.values()) <= 1.0, ratios
+    lens, seqs, ups = _tailed_pack(device, dtype, 11)
+    base = _run_pack(seqs, [0, 1, 2, 3, 4], ups, device)
+    again = _run_pack(seqs, [0, 1, 2, 3, 4], ups, device)
+    moved = _run_pack(seqs, [4, 3, 2, 1, 0], ups, device)
+    _with_backward_split(monkeypatch, device, dtype, 17 if device == "cpu" else 1024)
+    split = _run_pack(seqs, [0, 1, 2, 3, 4], ups, device)
+    for i in range(len(seqs)):
+        for name, a, b, c, d in zip(("out", "lse", "dq", "dk", "dv"), base[i], again[i], moved[i], split[i]):
+            assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d), (lens[i], name)
+    assert launched and all(launched), launched
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_batch_invariance_harness(device, dtype):

@@ -407,6 +407,39 @@ def _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE: tl.constexpr, MAS
 
 
 @triton.jit
+def _dkdv_update(q, k, v, do, lse2, delta, dk, dv, qk_scale, rm, rn, row_ok, col_ok, DT: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                 SCORES_T: tl.constexpr):
+    """dv += p^T dO and dk += ds^T q for one query block (without the final scale). SCORES_T (configs
+    scores_t) computes the scores transposed, k @ q^T and v @ dO^T [BN, BM]: p^T and ds^T then come
+    out of their MMAs as the A operands of the two updates, where p [BM, BN] must be transposed
+    through shared memory first. The same products and exp2s, laid out the other way: on the GPU
+    another MMA operand order, so not promised to be the same bits (the backward has no cross-path
+    bit requirement; determinism and batch invariance hold either way). Without MASKED every key is
+    visible to every row (the mask arguments unused)."""
+    if SCORES_T:
+        pt = tl.exp2(_qk(k, q, IEEE) * qk_scale - lse2[None, :])
+        if MASKED:
+            valid_t = col_ok[:, None] & row_ok[None, :]
+            if CAUSAL:
+                valid_t = valid_t & (rn[:, None] <= rm[None, :])
+            pt = tl.where(valid_t, pt, 0.0)
+        dst = pt * (_qk(v, do, IEEE) - delta[None, :])
+        dv = mma(_lowp(pt, DT, UPCAST), do, dv, IEEE)
+        dk = mma(_lowp(dst, DT, UPCAST), q, dk, IEEE)
+    else:
+        valid = None
+        if MASKED:
+            valid = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:
+                valid = valid & (rn[None, :] <= rm[:, None])
+        p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE, MASKED)
+        dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
+        dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, tok, ok, sq_t, sq_h, sdo_t, sdo_h, slse_h, rd,
               UPCAST: tl.constexpr):
     """q, dO, lse (log2 units) and delta of rows tok of head h; rows not ok read 0."""
@@ -425,6 +458,7 @@ def _bwd_dkdv_kernel(
     qk_scale, scale, N, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    SCORES_T: tl.constexpr,
 ):
     seq = tl.program_id(1)
     hk = tl.program_id(2)
@@ -433,7 +467,7 @@ def _bwd_dkdv_kernel(
         _bwd_dkdv_block(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, slse_h, sdk_t, sdk_h, sdv_t, sdv_h,
                         qk_scale, scale, nb, hk, start, seq_len, split_min_len, GROUP, HEAD_DIM, CAUSAL, UPCAST,
-                        IEEE, BLOCK_M, BLOCK_N, SPLIT)
+                        IEEE, BLOCK_M, BLOCK_N, SPLIT, SCORES_T)
 
 
 @triton.jit
@@ -443,6 +477,7 @@ def _bwd_dkdv_block(
     qk_scale, scale, nb, hk, start, seq_len, split_min_len,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    SCORES_T: tl.constexpr,
 ):
     DT: tl.constexpr = k_ptr.dtype.element_ty
     rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -472,20 +507,15 @@ def _bwd_dkdv_block(
             row_ok = rm < seq_len
             q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, row_ok,
                                            sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
-            valid = row_ok[:, None] & col_ok[None, :]
-            if CAUSAL:
-                valid = valid & (rn[None, :] <= rm[:, None])
-            p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, valid, IEEE)
-            dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
-            dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+            dk, dv = _dkdv_update(q, k, v, do, lse2, delta, dk, dv, qk_scale, rm, rn, row_ok, col_ok, DT, UPCAST,
+                                  IEEE, CAUSAL, True, SCORES_T)
         if SPLIT:
             for m0 in range(masked_end, seq_len, BLOCK_M):
                 rm = m0 + tl.arange(0, BLOCK_M)
                 q, do, lse2, delta = _bwd_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, h, start + rm, rm < seq_len,
                                                sq_t, sq_h, sdo_t, sdo_h, slse_h, rd, UPCAST)
-                p, ds = _bwd_p_ds(q, k, v, do, lse2, delta, qk_scale, None, IEEE, False)
-                dv = mma(tl.trans(_lowp(p, DT, UPCAST)), do, dv, IEEE)
-                dk = mma(tl.trans(_lowp(ds, DT, UPCAST)), q, dk, IEEE)
+                dk, dv = _dkdv_update(q, k, v, do, lse2, delta, dk, dv, qk_scale, None, None, None, None, DT,
+                                      UPCAST, IEEE, CAUSAL, False, SCORES_T)  # no mask: its arguments unused
     tok_n = (start + rn).to(tl.int64)[:, None]
     tl.store(dk_ptr + tok_n * sdk_t + hk * sdk_h + rd[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=col_ok[:, None])
@@ -688,7 +718,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         scale * LOG2E, scale, N, ckv.split_min_len, BLOCK_M=ckv.block_m, BLOCK_N=ckv.block_n,
-        SPLIT=split_kv, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
+        SPLIT=split_kv, SCORES_T=ckv.scores_t, num_warps=ckv.num_warps, num_stages=ckv.num_stages, **common)
     _bwd_dq_kernel[(max(1, cdiv(max_seqlen, cq.block_m)), S, Hq)](
         q, k, v, dout, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
