@@ -283,7 +283,7 @@ def class_cases():
     from rlk_triton.ops import attention as at
     from rlk_triton.ops import matmul as mm
 
-    bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    f32, i32 = torch.float32, torch.int32
     out = []
     for cls in configs.BIT_CLASSES:
         if cls.reference[1] != "sm90" or cls.reference[2] != "bfloat16" or cls.reference[3] == "d256":
