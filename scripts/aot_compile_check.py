@@ -251,14 +251,18 @@ def attention_cases():
     bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
                sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
                UPCAST=False, IEEE=False)
-    # dk / dv: the locked row, and the transposed scores (configs scores_t) on the 128-key tile they make
-    # spill-free, for the GPU's tile sweep to time
+    # dk / dv: the locked row, and the transposed scores (configs scores_t) on 128-key tiles with 8 warps,
+    # for the GPU's tile sweep to time: 64 query rows with 1 stage (no prefetch of the next q / dO) and
+    # 2, and 32 rows with 2
     locked_kv = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
-    scores_t = dataclass_replace(locked_kv, block_m=64, block_n=128, num_warps=8, num_stages=1, scores_t=True)
+    variants = [(locked_kv, "")] + [
+        (dataclass_replace(locked_kv, block_m=bm, block_n=128, num_warps=8, num_stages=st, scores_t=True),
+         f" (scores_t, {bm} x 128 tiles, 8 warps, {st} stage{'s' if st > 1 else ''})")
+        for bm, st in ((64, 1), (64, 2), (32, 2))]
     for split in (False, True):  # the table's rows (off), and the whole-block loops a row may turn on
         tag = " (whole blocks unmasked)" if split else ""
-        for c, ctag in ((locked_kv, ""), (scores_t, " (scores_t, 64 x 128 tiles, 8 warps, 1 stage)")):
-            if c is scores_t and locked_kv.scores_t:
+        for c, ctag in variants:
+            if ctag and c == locked_kv:  # a candidate the table took: its row is the first
                 continue
             rows.append((f"attention _bwd_dkdv_kernel{tag}{ctag}", at._bwd_dkdv_kernel,
                          dict(bwd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D, sdv_h=D,
