@@ -90,6 +90,11 @@ class MatmulConfig:
     # check). ptxas (triton 3.6, sm90, D 128): 128-key blocks with 8 warps, 1 stage spill 4 B / thread
     # this way against 640 untransposed; at D 256's 128 x 64 tiles 1376 against 112.
     scores_t: bool = False
+    # attention forward: ptxas's register cap per thread (0: the compiler's choice). At D 64 the locked
+    # forward uses 161 registers, one 8-warp program per SM; capped at 128 (the same PTX but for the
+    # .maxnreg line, 36 B of spills) two fit, so one program's softmax can run beside the other's MMAs
+    # (docs/reports/aot-sm90-2026-12-05.json).
+    maxnreg: int = 0
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.

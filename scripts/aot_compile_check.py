@@ -49,7 +49,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 _JIT_SPECIALIZED = [True]  # every kernel so far compiled with the JIT's specialization (the report says)
 
 
-def _jit_source(fn, args: dict, num_warps: int, num_stages: int):
+def _jit_source(fn, args: dict, num_warps: int, num_stages: int, **launch_options):
     """(ASTSource, options) as the JIT builds them at a launch with these arguments: the same
     specialization (16-byte aligned pointers and ints divisible by 16 marked, ints equal to 1 made
     constant), which decides layouts (vector widths) and so a reduction's order. None where this
@@ -60,23 +60,23 @@ def _jit_source(fn, args: dict, num_warps: int, num_stages: int):
     try:
         backend = make_backend(TARGET)
         binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, spec, opts = binder(**args, num_warps=num_warps, num_stages=num_stages)
+        bound, spec, opts = binder(**args, num_warps=num_warps, num_stages=num_stages, **launch_options)
         options, signature, constexprs, attrs = fn._pack_args(
-            backend, dict(num_warps=num_warps, num_stages=num_stages), bound, spec, opts)
+            backend, dict(num_warps=num_warps, num_stages=num_stages, **launch_options), bound, spec, opts)
     except (ImportError, AttributeError, TypeError):
         return None
     return ASTSource(fn, signature, constexprs, attrs), options.__dict__
 
 
-def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
+def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int, **launch_options):
     """(shared bytes, spill bytes, ptx, None) or (None, None, None, error) for kernel with every argument
     given by name, specialized as the JIT specializes a launch with those values (_jit_source; the
     unspecialized signature where that is unavailable). Spill bytes: the spill stores per thread that
-    ptxas -v reports for the kernel's PTX."""
+    ptxas -v reports for the kernel's PTX. launch_options: other options of the launch (maxnreg)."""
     kernel = getattr(kernel, "jit", kernel)  # rlk_triton.ops.launch.CachedLaunch: its JIT function
     fn = kernel.fn if hasattr(kernel, "fn") and not hasattr(kernel, "arg_names") else kernel
     args = {p.name: args[p.name] if p.name in args or not p.has_default else p.default for p in fn.params}
-    jit = _jit_source(fn, args, num_warps, num_stages)
+    jit = _jit_source(fn, args, num_warps, num_stages, **launch_options)
     _JIT_SPECIALIZED[0] = _JIT_SPECIALIZED[0] and jit is not None
     if jit is None:
         sig, consts = {}, {}
@@ -86,7 +86,8 @@ def compile_for_sm90(kernel, args: dict, num_warps: int, num_stages: int):
                 consts[p.name] = args[p.name]
             else:
                 sig[p.name] = mangle_type(args[p.name])
-        jit = ASTSource(fn=fn, signature=sig, constexprs=consts), {"num_warps": num_warps, "num_stages": num_stages}
+        jit = (ASTSource(fn=fn, signature=sig, constexprs=consts),
+               {"num_warps": num_warps, "num_stages": num_stages, **launch_options})
     try:
         c = triton.compile(jit[0], target=TARGET, options=jit[1])
     except Exception as ex:  # noqa: BLE001 - reported
@@ -107,8 +108,8 @@ def mma_instructions(ptx: str) -> dict:
     return dict(sorted(collections.Counter(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx)).items()))
 
 
-def ptxas_spill_bytes(ptx: str):
-    """Spill-store bytes per thread of a PTX module for sm_90a (ptxas -v), or None if unavailable."""
+def _ptxas_verbose(ptx: str):
+    """ptxas -v's report of a PTX module for sm_90a, or None if ptxas is unavailable."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         return None
@@ -118,7 +119,18 @@ def ptxas_spill_bytes(ptx: str):
             f.write(ptx)
         out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True)
-    m = re.search(r"(\d+) bytes spill stores", out.stdout + out.stderr)
+    return out.stdout + out.stderr
+
+
+def ptxas_spill_bytes(ptx: str):
+    """Spill-store bytes per thread of a PTX module for sm_90a (ptxas -v), or None if unavailable."""
+    m = re.search(r"(\d+) bytes spill stores", _ptxas_verbose(ptx) or "")
+    return int(m.group(1)) if m else None
+
+
+def ptxas_registers(ptx: str):
+    """Registers per thread of a PTX module for sm_90a (ptxas -v), or None if unavailable."""
+    m = re.search(r"Used (\d+) registers", _ptxas_verbose(ptx) or "")
     return int(m.group(1)) if m else None
 
 
@@ -127,8 +139,8 @@ def _t(*shape, dtype=torch.bfloat16):
 
 
 def cases():
-    """(name, kernel, args, num_warps, num_stages) for the kernels with GPU-unverified changes and a
-    verified control (the linear_logp forward on descriptors, measured on the H200)."""
+    """(name, kernel, args, num_warps, num_stages[, launch options]) for the kernels with GPU-unverified
+    changes and a verified control (the linear_logp forward on descriptors, measured on the H200)."""
     from rlk_triton.ops import linear_logp as ll
     from rlk_triton.ops import matmul as mm
     from rlk_triton.ops import rl_losses as rl
@@ -219,7 +231,8 @@ def cases():
 
 
 def attention_cases():
-    """The attention kernels at D = 128, bf16, with their locked sm90 configs."""
+    """The attention kernels at D = 128, bf16, with their locked sm90 configs, and candidates for the GPU's
+    sweeps (dk / dv scores_t, the D = 64 forward's register cap)."""
     from rlk_triton.ops import attention as at
 
     bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
@@ -240,6 +253,19 @@ def attention_cases():
                           CAUSAL=True, STATE_IN=False, STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m,
                           BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat, HEAVY_FIRST=f.heavy_first),
                      f.num_warps, f.num_stages))
+    # D 64: the locked forward, and with configs maxnreg 128 (two programs per SM), for the levers run
+    f64 = configs.lookup_attention("attention_fwd", "sm90", bf, 64)
+    q64, kv64 = _t(N, Hq, 64), _t(N, Hkv, 64)
+    desc64 = TensorDescriptor(kv64, [N, Hkv * 64], [Hkv * 64, 1], [f64.block_n, 64]) if f64.tma_loads else kv64
+    fwd64 = dict(sq_t=Hq * 64, sq_h=64, sk_t=Hkv * 64, sk_h=64, sv_t=Hkv * 64, sv_h=64, q_ptr=q64, k_ptr=kv64,
+                 v_ptr=kv64, k_desc=desc64, v_desc=desc64, out_ptr=q64, lse_ptr=lse, cu_ptr=cu, so_t=Hq * 64, so_h=64,
+                 slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q64, s_st_h=N, sacc_t=Hq * 64, sacc_h=64,
+                 qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=64, CAUSAL=True, STATE_IN=False,
+                 STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f64.block_m, BLOCK_N=f64.block_n,
+                 TMA=f64.tma_loads, FLAT=f64.flat, HEAVY_FIRST=f64.heavy_first)
+    for cap in sorted({f64.maxnreg, 128}):
+        rows.append(("attention _fwd_kernel D=64" + (f" (maxnreg={cap})" if cap else ""), at._fwd_kernel, fwd64,
+                     f64.num_warps, f64.num_stages, {"maxnreg": cap} if cap else {}))
     d = configs.lookup_decode("sm90", bf, D)
     cache = _t(64, 256, Hkv, D)
     rows.append(("attention _decode_kernel", at._decode_kernel,
@@ -343,9 +369,9 @@ def main():
         with open(args.baseline) as f:
             before = {r["kernel"]: r.get("ptx_sha256") for r in json.load(f)["rows"]}
     rows, ok = [], True
-    for name, kernel, kargs, warps, stages in cases():
+    for name, kernel, kargs, warps, stages, *options in cases():  # options: other launch options (maxnreg)
         try:
-            shared, spills, ptx, err = compile_for_sm90(kernel, kargs, warps, stages)
+            shared, spills, ptx, err = compile_for_sm90(kernel, kargs, warps, stages, **(options[0] if options else {}))
         except Exception:  # noqa: BLE001 - a broken case is a failure of the check, reported
             shared, spills, ptx, err = None, None, None, traceback.format_exc()[-600:]
         fits = shared is not None and shared <= H200_SMEM_PER_BLOCK
@@ -353,8 +379,8 @@ def main():
         digest = hashlib.sha256(ptx_code(ptx).encode()).hexdigest() if ptx else None
         mma = mma_instructions(ptx) if ptx else None
         rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
-                     "spill_store_bytes": spills, "fits_h200": fits, "ptx_sha256": digest, "mma": mma,
-                     "error": err})
+                     "spill_store_bytes": spills, "registers": ptxas_registers(ptx) if ptx else None,
+                     "fits_h200": fits, "ptx_sha256": digest, "mma": mma, "error": err})
         same = "" if name not in before else ("  SAME PTX" if before[name] == digest else "  CHANGED PTX")
         print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, mma {mma}{same}"
               + (f"  {err}" if err else ""), flush=True)
