@@ -60,9 +60,15 @@ def main():
     ap.add_argument("--out", default="levers.json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--time-box", type=float, default=1e9)
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS),
+                    help="names of VARIANTS; '+' stands for a space (maxnreg+128), for callers that pass the "
+                         "arguments through one shell variable (scripts/gpu_session.sh LEVERS_ARGS)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    args.variants = [v.replace("+", " ") for v in args.variants]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     t0 = time.time()
     dev = "cpu" if args.smoke else "cuda"
     if args.smoke:
