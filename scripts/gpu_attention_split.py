@@ -1,7 +1,9 @@
 """The attention backward's per-sequence whole-block rule (configs split_min_len) on the GPU: for each
 threshold, the backward's device time and its bits against the rule off (0), same run, same inputs.
 Beside it, forward and forward + backward against SDPA's default backend choice (and which backend
-that is) and its flash backend, the issue's report rows.
+that is) and its flash backend, the issue's report rows; and against torch's own packed-varlen call,
+torch.nn.attention.varlen.varlen_attn, at every shape: the stock baseline of a packed batch of mixed
+lengths, which SDPA cannot take causally (nested tensors refuse is_causal).
 
     python scripts/gpu_attention_split.py --out split.json --commit <sha> [--min-lens 0 1024 2048 4096]
 
@@ -10,6 +12,7 @@ as tests/test_attention.py does; nothing is written to the table.
 """
 import argparse
 import dataclasses
+import inspect
 import json
 import time
 from functools import partial
@@ -21,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlk_triton import attention, bench, configs
 from rlk_triton._runtime import default_arch
+from rlk_triton.bench.timing import events_ms
 from rlk_triton.ops import attention as ops
 
 graph_ms = partial(bench.graph_ms, reps=3)
@@ -47,6 +51,49 @@ def sdpa_backend(q, k, v):
     return "math"
 
 
+def stock_varlen(q, k, v, cu, max_seqlen, scale):
+    """(call, how) for torch's packed-varlen attention on these tokens, causal, or (None, why not).
+    The API moved between torch releases: causality is `is_causal=True` (2.9) or `window_size=(-1, 0)`
+    (later); GQA is `enable_gqa=True` where the call has it, else K / V are expanded to the q heads
+    first (inside the timed call, so the row says so)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as ex:
+        return None, f"unavailable in torch {torch.__version__}: {ex}"
+    params = inspect.signature(varlen_attn).parameters
+    kw, how = {}, ["torch.nn.attention.varlen.varlen_attn"]
+    if "is_causal" in params:
+        kw["is_causal"] = True
+    elif "window_size" in params:
+        kw["window_size"] = (-1, 0)
+    else:
+        return None, f"varlen_attn in torch {torch.__version__} has no causal argument"
+    if "scale" in params:
+        kw["scale"] = scale
+    elif abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        return None, "varlen_attn without a scale argument and a scale other than 1/sqrt(D)"
+    group = q.shape[1] // k.shape[1]
+    expand = group > 1 and "enable_gqa" not in params
+    if group > 1 and not expand:
+        kw["enable_gqa"] = True
+    how.append("K / V expanded to the q heads in the call" if expand else f"{' '.join(f'{a}={b}' for a, b in kw.items())}")
+
+    def call(q, k, v):
+        if expand:
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
+    return call, "; ".join(how)
+
+
+def device_ms(fn):
+    """CUDA-graph device time, or CUDA events around eager calls where the call cannot be captured."""
+    try:
+        return graph_ms(fn), "graph"
+    except Exception:  # noqa: BLE001 - the events path re-raises a real failure
+        torch.cuda.synchronize()
+        return events_ms(fn), "events"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -70,7 +117,7 @@ def main():
     report = {"what": "attention backward: split_min_len thresholds, and fwd / fwd+bwd against SDPA, same run",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows, "sdpa": compare,
-              "fwd_sweep": []}
+              "varlen": [], "fwd_sweep": []}
     for label, lens, hq, hkv, d in shapes:
         if time.time() - t0 > args.time_box:
             break
@@ -109,6 +156,34 @@ def main():
             print(rows[-1], flush=True)
         configs.LOCKED_CONFIGS.clear()
         configs.LOCKED_CONFIGS.update(saved)
+        # the public op against torch's packed-varlen call, every shape (mixed lengths included)
+        qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+        stock, how = stock_varlen(q, k, v, cu, L, sc)
+        vrow = {"shape": shape, "baseline": how}
+        if stock is not None:
+            def rlk_fwd():
+                return attention(qr, kr, vr, cu, max_seqlen=L, causal=True, validate=False)[0]
+
+            def rlk_fb():
+                return torch.autograd.grad(rlk_fwd(), (qr, kr, vr), do)
+
+            def st_fwd():
+                return stock(qr, kr, vr)
+
+            def st_fb():
+                return torch.autograd.grad(st_fwd(), (qr, kr, vr), do)
+
+            for p, fr, fs in (("fwd", rlk_fwd, st_fwd), ("fwd+bwd", rlk_fb, st_fb)):
+                try:
+                    (rms, rhow), (sms, show) = device_ms(fr), device_ms(fs)
+                    r = {"pass": p, "rlk_ms": rms, "stock_varlen_ms": sms, "ratio": sms / rms, "time": [rhow, show]}
+                except Exception as ex:  # noqa: BLE001 - reported
+                    r = {"pass": p, "error": f"{type(ex).__name__}: {str(ex)[:300]}"}
+                report["varlen"].append(vrow | r)
+                print(report["varlen"][-1], flush=True)
+        else:
+            report["varlen"].append(vrow | {"error": "not run"})
+            print(report["varlen"][-1], flush=True)
         # the public op against SDPA (equal lengths only: SDPA takes [B, H, L, D])
         if len(set(lens)) == 1:
             B = len(lens)
