@@ -13,8 +13,9 @@ Arithmetic (docs/attention.md, rlk_triton/ops/reduction.py "Attention"):
     bits: the scores' product is rounded on its own, see _scores);
   * out = acc / l in fp32, rounded once to the inputs' dtype at the store; lse = (m + log2 l) * ln 2.
 Backward: delta = rowsum(dO * O) - dLSE (fp32), then one program per (sequence, KV block, kv head)
-for dk / dv (q heads of the group, then query blocks, in ascending order) and one per (sequence,
-query block, q head) for dq (KV blocks ascending). No atomics: every gradient element is written by
+for dk / dv (q heads of the group, then query blocks, in ascending order; configs scores_t computes
+each block's scores transposed, the same sums in the same order) and one per (sequence, query block,
+q head) for dq (KV blocks ascending). No atomics: every gradient element is written by
 exactly one program, so the backward is deterministic and batch-invariant.
 
 Decode: one program per (query row block, sequence, kv head) by default: its rows are the (new token,
