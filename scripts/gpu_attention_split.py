@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlk_triton import attention, bench, configs
 from rlk_triton._runtime import default_arch
-from rlk_triton.bench.timing import events_ms
+from rlk_triton.bench.report import device_ms
 from rlk_triton.ops import attention as ops
 
 graph_ms = partial(bench.graph_ms, reps=3)
@@ -83,15 +83,6 @@ def stock_varlen(q, k, v, cu, max_seqlen, scale):
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
     return call, "; ".join(how)
-
-
-def device_ms(fn):
-    """CUDA-graph device time, or CUDA events around eager calls where the call cannot be captured."""
-    try:
-        return graph_ms(fn), "graph"
-    except Exception:  # noqa: BLE001 - the events path re-raises a real failure
-        torch.cuda.synchronize()
-        return events_ms(fn), "events"
 
 
 def main():
@@ -175,7 +166,7 @@ def main():
 
             for p, fr, fs in (("fwd", rlk_fwd, st_fwd), ("fwd+bwd", rlk_fb, st_fb)):
                 try:
-                    (rms, rhow), (sms, show) = device_ms(fr), device_ms(fs)
+                    (rms, rhow), (sms, show) = device_ms(fr, "cuda"), device_ms(fs, "cuda")
                     r = {"pass": p, "rlk_ms": rms, "stock_varlen_ms": sms, "ratio": sms / rms, "time": [rhow, show]}
                 except Exception as ex:  # noqa: BLE001 - reported
                     r = {"pass": p, "error": f"{type(ex).__name__}: {str(ex)[:300]}"}
