@@ -88,7 +88,8 @@ class MatmulConfig:
     # dv / dk updates straight from their MMAs instead of through a shared-memory transpose. The same
     # products laid out the other way (another MMA operand order: the GPU's bits are the sweep's to
     # check). ptxas (triton 3.6, sm90, D 128): 128-key blocks with 8 warps, 1 stage spill 4 B / thread
-    # this way against 640 untransposed; at D 256's 128 x 64 tiles 1376 against 112.
+    # this way against 640 untransposed; at D 256's 128 x 64 tiles 1368 against 112
+    # (docs/reports/aot-sm90-2026-12-05.json).
     scores_t: bool = False
     # attention forward: ptxas's register cap per thread (0: the compiler's choice). At D 64 the locked
     # forward uses 161 registers, one 8-warp program per SM; capped at 128 (the same PTX but for the

@@ -279,21 +279,27 @@ def attention_cases():
                UPCAST=False, IEEE=False)
     # dk / dv: the locked row, and the transposed scores (configs scores_t) on 128-key tiles with 8 warps,
     # for the GPU's tile sweep to time: 64 query rows with 1 stage (no prefetch of the next q / dO) and
-    # 2, and 32 rows with 2
+    # 2, and 32 rows with 2; beside them the first tile untransposed, and D 256's locked tile both ways
     locked_kv = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, D)
-    variants = [(locked_kv, "")] + [
-        (dataclass_replace(locked_kv, block_m=bm, block_n=128, num_warps=8, num_stages=st, scores_t=True),
-         f" (scores_t, {bm} x 128 tiles, 8 warps, {st} stage{'s' if st > 1 else ''})")
-        for bm, st in ((64, 1), (64, 2), (32, 2))]
+    variants = [(locked_kv, "", D)] + [
+        (dataclass_replace(locked_kv, block_m=bm, block_n=128, num_warps=8, num_stages=st, scores_t=t),
+         f" ({'scores_t' if t else 'untransposed'}, {bm} x 128 tiles, 8 warps, {st} stage{'s' if st > 1 else ''})", D)
+        for bm, st, t in ((64, 1, True), (64, 2, True), (32, 2, True), (64, 1, False))]
+    kv256 = configs.lookup_attention("attention_bwd_dkdv", "sm90", bf, 256)
+    variants += [(dataclass_replace(kv256, scores_t=t), f" D=256{' (scores_t)' if t else ''}", 256)
+                 for t in sorted({kv256.scores_t, True})]
     for split in (False, True):  # the table's rows (off), and the whole-block loops a row may turn on
         tag = " (whole blocks unmasked)" if split else ""
-        for c, ctag in variants:
+        for c, ctag, d in variants:
             if ctag and c == locked_kv:  # a candidate the table took: its row is the first
                 continue
+            q_d, kv_d = (q, kv) if d == D else (_t(N, Hq, d), _t(N, Hkv, d))
             rows.append((f"attention _bwd_dkdv_kernel{tag}{ctag}", at._bwd_dkdv_kernel,
-                         dict(bwd, dk_ptr=kv, dv_ptr=kv, sdk_t=Hkv * D, sdk_h=D, sdv_t=Hkv * D, sdv_h=D,
-                              split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split,
-                              SCORES_T=c.scores_t), c.num_warps, c.num_stages))
+                         dict(bwd, q_ptr=q_d, k_ptr=kv_d, v_ptr=kv_d, do_ptr=q_d, dk_ptr=kv_d, dv_ptr=kv_d,
+                              sq_t=Hq * d, sq_h=d, sk_t=Hkv * d, sk_h=d, sv_t=Hkv * d, sv_h=d, sdo_t=Hq * d, sdo_h=d,
+                              sdk_t=Hkv * d, sdk_h=d, sdv_t=Hkv * d, sdv_h=d, HEAD_DIM=d, split_min_len=1,
+                              BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split, SCORES_T=c.scores_t),
+                         c.num_warps, c.num_stages))
         c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
                      dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
