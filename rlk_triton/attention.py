@@ -139,9 +139,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opt
         causal: key j is visible to query i of the same sequence iff j <= i.
         scale: the score scale, default 1 / sqrt(D).
         validate: check cu_seqlens and max_seqlen on the host (one device sync). With validate=False,
-            invalid offsets give undefined values (each sequence is clamped into [0, N); tokens
-            outside every sequence are not written), never a read or write outside a tensor; a
-            max_seqlen shorter than the longest sequence only costs time.
+            invalid offsets give undefined values (each sequence is clamped into [0, N); outputs
+            and gradients of tokens outside every sequence are not written), never a read or write
+            outside a tensor; a max_seqlen shorter than the longest sequence only costs time.
     Returns:
         out [N, Hq, D] in q's dtype (fp32 acc / l, rounded once at the store) and lse float32
         [Hq, N], lse[h, t] = log sum_j exp(scale * q[t, h] . k[j, h // (Hq / Hkv)]) over visible j.

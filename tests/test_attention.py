@@ -288,6 +288,30 @@ def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
             assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
 
 
+@pytest.mark.parametrize("causal", (True, False))
+def test_every_output_and_gradient_element_is_written(device, causal, monkeypatch):
+    """Neither pass zero-fills its outputs: the kernels must write every element of every sequence.
+    With every new float buffer (torch.empty / empty_like) pre-filled with NaN, a pack with tails, GQA, a one-token and an empty
+    sequence gives the normal run's bits (torch.equal fails on any NaN left behind)."""
+    gen = torch.Generator().manual_seed(5)
+    Hq, Hkv, D = 4, 2, 16
+    lens = [35, 0, 16, 1, 23] if device == "cpu" else [1100, 0, 640, 1, 3000]
+    seqs = [_seq(gen, L, Hq, Hkv, D, torch.bfloat16, device) for L in lens]
+    ups = [(torch.randn(L, Hq, D, generator=gen).to(device), torch.randn(Hq, L, generator=gen).to(device))
+           for L in lens]
+    order = list(range(len(seqs)))
+    ref = _run_pack(seqs, order, ups, device, causal=causal)
+    for name in ("empty", "empty_like"):  # the outputs, lse and the backward's delta
+        def nan_filled(*args, _alloc=getattr(torch, name), **kwargs):
+            x = _alloc(*args, **kwargs)
+            return x.fill_(float("nan")) if x.is_floating_point() else x
+        monkeypatch.setattr(torch, name, nan_filled)
+    got = _run_pack(seqs, order, ups, device, causal=causal)
+    for i in order:
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), ref[i], got[i]):
+            assert torch.equal(a, b), (lens[i], name)
+
+
 def _with_scores_t(monkeypatch, device, dtype):
     """The dk / dv row with transposed scores (configs scores_t) on keys blocks twice the query blocks
     (the shape they are for: on the GPU the 64 x 128, 8-warp tile they compile spill-free; on the
