@@ -237,36 +237,45 @@ def attention_cases():
 
     bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     N, Hq, Hkv, D = 1024, 16, 8, 128
-    q, kv, lse = _t(N, Hq, D), _t(N, Hkv, D), _t(Hq, N, dtype=f32)
-    cu = _t(3, dtype=i32)
-    strides = dict(sq_t=Hq * D, sq_h=D, sk_t=Hkv * D, sk_h=D, sv_t=Hkv * D, sv_h=D)
+    lse, cu = _t(Hq, N, dtype=f32), _t(3, dtype=i32)
+
+    def heads(d):
+        """q-shaped and k-shaped tensors of head dim d, and the common arguments of both passes."""
+        q, kv = _t(N, Hq, d), _t(N, Hkv, d)
+        return q, kv, dict(q_ptr=q, k_ptr=kv, v_ptr=kv, lse_ptr=lse, cu_ptr=cu, sq_t=Hq * d, sq_h=d, sk_t=Hkv * d,
+                           sk_h=d, sv_t=Hkv * d, sv_h=d, slse_h=N, qk_scale=0.1, N=N, GROUP=Hq // Hkv, HEAD_DIM=d,
+                           CAUSAL=True, UPCAST=False, IEEE=False)
+
+    def fwd_args(d, f, tma_loads, flat):
+        q, kv, common = heads(d)
+        desc = TensorDescriptor(kv, [N, Hkv * d], [Hkv * d, 1], [f.block_n, d]) if tma_loads else kv
+        return dict(common, k_desc=desc, v_desc=desc, out_ptr=q, so_t=Hq * d, so_h=d, m_st_ptr=lse, l_st_ptr=lse,
+                    acc_st_ptr=q, s_st_h=N, sacc_t=Hq * d, sacc_h=d, kv_lo=0, kv_hi=N, STATE_IN=False,
+                    STATE_OUT=False, BLOCK_M=f.block_m, BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat,
+                    HEAVY_FIRST=f.heavy_first)
+
+    def bwd_args(d):
+        """Both backward kernels' arguments (each takes its own): dq / dk / dv written over the inputs."""
+        q, kv, common = heads(d)
+        return dict(common, do_ptr=q, delta_ptr=lse, dq_ptr=q, dk_ptr=kv, dv_ptr=kv, sdo_t=Hq * d, sdo_h=d,
+                    sdq_t=Hq * d, sdq_h=d, sdk_t=Hkv * d, sdk_h=d, sdv_t=Hkv * d, sdv_h=d, scale=0.07,
+                    split_min_len=1)
+
     rows = []
     f = configs.lookup_attention("attention_fwd", "sm90", bf, D)
     for tma_loads, flat in ((f.tma_loads, f.flat), (not f.tma_loads, f.flat), (f.tma_loads, not f.flat)):
         # the locked row, then each load / schedule option flipped (configs: the same tiles either way)
         tag = "" if (tma_loads, flat) == (f.tma_loads, f.flat) else f" (tma_loads={tma_loads}, flat={flat})"
-        desc = TensorDescriptor(kv, [N, Hkv * D], [Hkv * D, 1], [f.block_n, D]) if tma_loads else kv
-        rows.append((f"attention _fwd_kernel{tag}", at._fwd_kernel,
-                     dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, k_desc=desc, v_desc=desc, out_ptr=q, lse_ptr=lse,
-                          cu_ptr=cu, so_t=Hq * D, so_h=D, slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q, s_st_h=N,
-                          sacc_t=Hq * D, sacc_h=D, qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=D,
-                          CAUSAL=True, STATE_IN=False, STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f.block_m,
-                          BLOCK_N=f.block_n, TMA=tma_loads, FLAT=flat, HEAVY_FIRST=f.heavy_first),
+        rows.append((f"attention _fwd_kernel{tag}", at._fwd_kernel, fwd_args(D, f, tma_loads, flat),
                      f.num_warps, f.num_stages))
     # D 64: the locked forward, and with configs maxnreg 128 (two programs per SM), for the levers run
     f64 = configs.lookup_attention("attention_fwd", "sm90", bf, 64)
-    q64, kv64 = _t(N, Hq, 64), _t(N, Hkv, 64)
-    desc64 = TensorDescriptor(kv64, [N, Hkv * 64], [Hkv * 64, 1], [f64.block_n, 64]) if f64.tma_loads else kv64
-    fwd64 = dict(sq_t=Hq * 64, sq_h=64, sk_t=Hkv * 64, sk_h=64, sv_t=Hkv * 64, sv_h=64, q_ptr=q64, k_ptr=kv64,
-                 v_ptr=kv64, k_desc=desc64, v_desc=desc64, out_ptr=q64, lse_ptr=lse, cu_ptr=cu, so_t=Hq * 64, so_h=64,
-                 slse_h=N, m_st_ptr=lse, l_st_ptr=lse, acc_st_ptr=q64, s_st_h=N, sacc_t=Hq * 64, sacc_h=64,
-                 qk_scale=0.1, kv_lo=0, kv_hi=N, N=N, GROUP=Hq // Hkv, HEAD_DIM=64, CAUSAL=True, STATE_IN=False,
-                 STATE_OUT=False, UPCAST=False, IEEE=False, BLOCK_M=f64.block_m, BLOCK_N=f64.block_n,
-                 TMA=f64.tma_loads, FLAT=f64.flat, HEAVY_FIRST=f64.heavy_first)
     for cap in sorted({f64.maxnreg, 128}):
-        rows.append(("attention _fwd_kernel D=64" + (f" (maxnreg={cap})" if cap else ""), at._fwd_kernel, fwd64,
-                     f64.num_warps, f64.num_stages, {"maxnreg": cap} if cap else {}))
+        rows.append(("attention _fwd_kernel D=64" + (f" (maxnreg={cap})" if cap else ""), at._fwd_kernel,
+                     fwd_args(64, f64, f64.tma_loads, f64.flat), f64.num_warps, f64.num_stages,
+                     {"maxnreg": cap} if cap else {}))
     d = configs.lookup_decode("sm90", bf, D)
+    q, _, _ = heads(D)
     cache = _t(64, 256, Hkv, D)
     rows.append(("attention _decode_kernel", at._decode_kernel,
                  dict(q_ptr=q, kc_ptr=cache, vc_ptr=cache, out_ptr=q, lse_ptr=lse, cuq_ptr=cu, kvlen_ptr=cu,
@@ -274,9 +283,6 @@ def attention_cases():
                       svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
                       page_size=256, qk_scale=0.1, n_q=N, n_pages=64, max_pages=32, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
                       BLOCK_M=d.block_m, BLOCK_N=d.block_n, PAGE_AHEAD=d.page_ahead), d.num_warps, d.num_stages))
-    bwd = dict(strides, q_ptr=q, k_ptr=kv, v_ptr=kv, do_ptr=q, lse_ptr=lse, delta_ptr=lse, cu_ptr=cu, sdo_t=Hq * D,
-               sdo_h=D, slse_h=N, qk_scale=0.1, scale=0.07, N=N, GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=True,
-               UPCAST=False, IEEE=False)
     # dk / dv: the locked row, and the transposed scores (configs scores_t) on 128-key tiles with 8 warps,
     # for the GPU's tile sweep to time: 64 query rows with 1 stage (no prefetch of the next q / dO) and
     # 2, and 32 rows with 2; beside them the first tile untransposed, and D 256's locked tile both ways
@@ -290,20 +296,16 @@ def attention_cases():
                  for t in sorted({kv256.scores_t, True})]
     for split in (False, True):  # the table's rows (off), and the whole-block loops a row may turn on
         tag = " (whole blocks unmasked)" if split else ""
-        for c, ctag, d in variants:
+        for c, ctag, hd in variants:
             if ctag and c == locked_kv:  # a candidate the table took: its row is the first
                 continue
-            q_d, kv_d = (q, kv) if d == D else (_t(N, Hq, d), _t(N, Hkv, d))
             rows.append((f"attention _bwd_dkdv_kernel{tag}{ctag}", at._bwd_dkdv_kernel,
-                         dict(bwd, q_ptr=q_d, k_ptr=kv_d, v_ptr=kv_d, do_ptr=q_d, dk_ptr=kv_d, dv_ptr=kv_d,
-                              sq_t=Hq * d, sq_h=d, sk_t=Hkv * d, sk_h=d, sv_t=Hkv * d, sv_h=d, sdo_t=Hq * d, sdo_h=d,
-                              sdk_t=Hkv * d, sdk_h=d, sdv_t=Hkv * d, sdv_h=d, HEAD_DIM=d, split_min_len=1,
-                              BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split, SCORES_T=c.scores_t),
+                         dict(bwd_args(hd), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split, SCORES_T=c.scores_t),
                          c.num_warps, c.num_stages))
         c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, D)
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
-                     dict(bwd, dq_ptr=q, sdq_t=Hq * D, sdq_h=D, split_min_len=1, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                          SPLIT=split, HEAVY_FIRST=c.heavy_first), c.num_warps, c.num_stages))
+                     dict(bwd_args(D), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split, HEAVY_FIRST=c.heavy_first),
+                     c.num_warps, c.num_stages))
     return rows
 
 
