@@ -291,8 +291,9 @@ def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
 @pytest.mark.parametrize("causal", (True, False))
 def test_every_output_and_gradient_element_is_written(device, causal, monkeypatch):
     """Neither pass zero-fills its outputs: the kernels must write every element of every sequence.
-    With every new float buffer (torch.empty / empty_like) pre-filled with NaN, a pack with tails, GQA, a one-token and an empty
-    sequence gives the normal run's bits (torch.equal fails on any NaN left behind)."""
+    With every new float buffer (torch.empty / empty_like) pre-filled with NaN, a pack with tails, GQA,
+    a one-token and an empty sequence gives the normal run's bits (torch.equal fails on any NaN left
+    behind)."""
     gen = torch.Generator().manual_seed(5)
     Hq, Hkv, D = 4, 2, 16
     lens = [35, 0, 16, 1, 23] if device == "cpu" else [1100, 0, 640, 1, 3000]
