@@ -91,11 +91,13 @@ class MatmulConfig:
     # this way against 640 untransposed; at D 256's 128 x 64 tiles 1368 against 112
     # (docs/reports/aot-sm90-2026-12-05.json).
     scores_t: bool = False
-    # attention forward: ptxas's register cap per thread (0: the compiler's choice). At D 64 the locked
-    # forward uses 161 registers, one 8-warp program per SM; capped at 128 (the same PTX but for the
-    # .maxnreg line, 36 B of spills) two fit, so one program's softmax can run beside the other's MMAs
-    # (docs/reports/aot-sm90-2026-12-05.json).
-    maxnreg: int = 0
+    # attention forward at head dims <= 64: ptxas's register cap per thread (0: the compiler's choice).
+    # The D 64 forward uses 161 registers, one 8-warp program per SM; capped at 128 (the same PTX but
+    # for the .maxnreg line, 36 B of spills: docs/reports/aot-sm90-2026-12-05.json) two fit, so one
+    # program's softmax runs beside the other's MMAs. Larger heads keep the compiler's choice: D 128
+    # (223 registers, 129 KB of shared memory) has no room for a second program, and capped it ran
+    # 0.79x; D 256 does not compile under 128 (docs/reports/h100-attention-fwd-levers-2026-12-05.json).
+    maxnreg_d64: int = 0
 
 
 # V buckets, by their upper bound (inclusive). The last bucket is open.
@@ -319,10 +321,13 @@ def _matmul_rows():
                 # TMA with the straight-line first tile (d<=128) 1.10x at 4 x 8192, 1.06x at 16 x 2048,
                 # 1.08x on a 64..4096 mix (D=128), 0.98x at D=64; TMA alone 1.30x at d256 (flat: 0.98x)
                 # (docs/reports/h200-attention-tma-2026-12-04.json); on, and the attention GPU tests run
-                # with them (docs/reports/h200-attention-2026-12-05.json).
+                # with them (docs/reports/h200-attention-2026-12-05.json). The register cap at D <= 64
+                # (two programs per SM): 1.30x at 4 x 8192, D=64, the same bits
+                # (docs/reports/h100-attention-fwd-levers-2026-12-05.json).
                 hopper_2byte = arch == "sm90" and dt != "float32"
                 t[("attention_fwd", arch, dt, bucket)] = MatmulConfig(
-                    f[0], f[1], 0, 1, f[2], f[3], tma_loads=hopper_2byte, flat=hopper_2byte and bucket == "d<=128")
+                    f[0], f[1], 0, 1, f[2], f[3], tma_loads=hopper_2byte, flat=hopper_2byte and bucket == "d<=128",
+                    maxnreg_d64=128 if hopper_2byte and bucket == "d<=128" else 0)
                 for pairs in PAIR_BUCKET_NAMES:
                     t[("attention_decode", arch, dt, f"{bucket},{pairs}")] = _decode_row(arch, dt, bucket, pairs, f)
                 # split_min_len 2048 on the H200 (bf16 / fp16): backward 1.10x at 4 x 8192, 1.13x at D=64,

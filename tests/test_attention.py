@@ -220,17 +220,22 @@ def test_backward_whole_block_loops_give_the_masked_bits(device, dtype, causal, 
 
 @pytest.mark.parametrize("dtype, causal", ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True)))
 def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
-    """configs tma_loads / flat / heavy_first: K and V through TMA descriptors, one tile per program in a
-    straight line, the grid's tiles in reverse order. All are how the forward moves and schedules the
-    same tiles, so out and lse keep the pointer path's
+    """configs tma_loads / flat / heavy_first / maxnreg_d64: K and V through TMA descriptors, one tile per
+    program in a straight line, the grid's tiles in reverse order, ptxas's register cap. All are how the
+    forward moves and schedules the same tiles, so out and lse keep the pointer path's
     bits: for a pack with tails and GQA, with a max_seqlen shorter than the longest sequence (the tiles
     past the grid), for K / V sliced from one tensor, for K / V that TMA cannot read (a head stride
     other than D: the pointer loads), for the first sequence beside infs in the next one's V (a TMA
     block reads past the sequence), and for a context-parallel key range continued from a state."""
+    for D in ((16,) if device == "cpu" else (128, 64)):  # on the GPU also D 64, where the register cap acts
+        _check_forward_load_paths(device, dtype, causal, D)
+
+
+def _check_forward_load_paths(device, dtype, causal, D):
     from rlk_triton.ops import attention as ops
 
     gen = torch.Generator().manual_seed(11)
-    Hq, Hkv, D = 4, 2, (16 if device == "cpu" else 128)
+    Hq, Hkv = 4, 2
     lens = [37, 9, 1, 20] if device == "cpu" else [4100, 700, 33, 2048, 1]
     N, L = sum(lens), max(lens)
     q = torch.randn(N, Hq, D, generator=gen).to(device, dtype)
@@ -239,7 +244,7 @@ def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
     pairs = torch.randn(N, Hkv, 2, D, generator=gen).to(device, dtype)
     cu, sc = cu_of(lens, device), D ** -0.5
     locked = ops._cfg("attention_fwd", q)
-    plain = dataclasses.replace(locked, tma_loads=False, flat=False, heavy_first=False)
+    plain = dataclasses.replace(locked, tma_loads=False, flat=False, heavy_first=False, maxnreg_d64=0)
     bn = locked.block_n
     # TMA reads a token stride other than Hkv x D (k, v sliced from one tensor), never a head stride
     # other than D (pairs: K and V of a head interleaved)
@@ -262,13 +267,28 @@ def test_forward_load_paths_give_the_same_bits(device, dtype, causal):
                                                                state_out=True, cfg=cfg)[2])]
 
     ref = runs(plain)
-    for tma_loads, flat, heavy_first in ((True, False, False), (False, True, False), (True, True, False),
-                                         (False, False, True), (True, True, True)):
-        got = runs(dataclasses.replace(locked, tma_loads=tma_loads, flat=flat, heavy_first=heavy_first))
+    for tma_loads, flat, heavy_first, cap in ((True, False, False, 0), (False, True, False, 0), (True, True, False, 0),
+                                              (False, False, True, 0), (True, True, True, 0), (True, True, False, 128)):
+        got = runs(dataclasses.replace(locked, tma_loads=tma_loads, flat=flat, heavy_first=heavy_first,
+                                       maxnreg_d64=cap))
         for case, a, b in zip(("pack", "short max_seqlen", "token stride", "head stride", "inf after", "kv range"), ref, got):
             for name, x, y in zip(("out", "lse"), a, b):
-                assert torch.equal(x, y), (tma_loads, flat, heavy_first, case, name,
+                assert torch.equal(x, y), (D, tma_loads, flat, heavy_first, cap, case, name,
                                            (x.double() - y.double()).abs().max())
+
+
+def test_register_cap_only_at_small_heads(monkeypatch):
+    """configs maxnreg_d64 caps ptxas's registers at head dims <= 64 only (larger heads spill under the
+    cap or do not compile), and never under the interpreter (no registers)."""
+    from rlk_triton.ops import attention as ops
+
+    cfg = configs.lookup_attention("attention_fwd", "sm90", torch.bfloat16, 64)
+    assert cfg.maxnreg_d64 == 128  # the locked sm90 2-byte row
+    monkeypatch.setattr(ops, "interpreter_active", lambda: False)
+    assert [ops.register_cap(cfg, d) for d in (32, 64, 96, 128, 256)] == [{"maxnreg": 128}] * 2 + [{}] * 3
+    assert ops.register_cap(dataclasses.replace(cfg, maxnreg_d64=0), 64) == {}
+    monkeypatch.setattr(ops, "interpreter_active", lambda: True)
+    assert ops.register_cap(cfg, 64) == {}
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
@@ -451,7 +471,7 @@ def test_decode_and_forward_share_the_kv_block():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", (128, 256))
+@pytest.mark.parametrize("D", (64, 128, 256))
 def test_decode_bitwise_gpu(D):
     gen = torch.Generator().manual_seed(0)
     lens, Hq, Hkv = [700, 129, 64], 8, 2

@@ -637,15 +637,17 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
         GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=causal, STATE_IN=state_in is not None, STATE_OUT=want_state,
         UPCAST=upcast, IEEE=ieee, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, FLAT=cfg.flat,
         HEAVY_FIRST=cfg.heavy_first,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **register_cap(cfg),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **register_cap(cfg, D),
     )
     return (out, lse, (m_st, l_st, acc_st)) if state_out else (out, lse)
 
 
-def register_cap(cfg) -> dict:
-    """The launch option of configs maxnreg: none when 0 (the compiler's choice; the launch and its
-    cache key are then as before), and none under the interpreter (no registers to cap)."""
-    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreter_active() else {}
+def register_cap(cfg, head_dim: int) -> dict:
+    """The launch option of configs maxnreg_d64 at head dims <= 64: none when 0 or for larger heads
+    (the compiler's choice; the launch and its cache key are then as without the field), and none
+    under the interpreter (no registers to cap)."""
+    cap = cfg.maxnreg_d64 if head_dim <= 64 else 0
+    return {"maxnreg": cap} if cap and not interpreter_active() else {}
 
 
 def tma_rows_ready(*xs) -> bool:
