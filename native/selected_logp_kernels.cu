@@ -454,51 +454,73 @@ __device__ __forceinline__ unsigned short round_to(__nv_bfloat16, float v) {
 }
 __device__ __forceinline__ unsigned round_to(float, float v) { return __float_as_uint(v); }
 
-// grid (scored rows, V / (VEC * 256) blocks), 256 threads of VEC consecutive elements each.
-template <typename T, int VEC, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
-__global__ void __launch_bounds__(256) slp_bwd_kernel(BwdArgs a) {
+// grid (scored rows, V / (BWD_THREADS * UNROLL * VEC) blocks) of BWD_THREADS threads; a thread's u-th
+// access is VEC consecutive elements at ((u * BWD_THREADS) + thread) * VEC of its block: each access is
+// one coalesced sweep of the block, as Triton's 2-warp layout has four 16-byte accesses a thread. The
+// loads go out first (they need only the row), so they are in flight while the row's scalars arrive.
+constexpr int BWD_THREADS = 64;
+
+template <typename T, int VEC, int UNROLL, bool ENT, bool ROW_INDEX, bool PER_ROW_T>
+__global__ void __launch_bounds__(BWD_THREADS) slp_bwd_kernel(BwdArgs a) {
   using R = typename Raw<T>::type;
   const int64_t pid = blockIdx.x;
   const int64_t row = ROW_INDEX ? index_at(a.row_index, a.row_index_32, pid) : pid;
   if (row < 0 || row >= a.total_rows) return;  // not a row: no gradient anywhere
+  const R* x = reinterpret_cast<const R*>(a.logits) + row * a.stride;
+  R* out = reinterpret_cast<R*>(a.grad) + row * a.V;
+  const int64_t base = (int64_t)blockIdx.y * (BWD_THREADS * UNROLL * VEC) + threadIdx.x * VEC;
+  constexpr bool WIDE = VEC * sizeof(R) == 16;  // one 16-byte access where the vector is whole
+  union Vec { uint4 v; R e[VEC]; } xin[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int64_t lane0 = base + u * (BWD_THREADS * VEC);
+    if (WIDE && lane0 + VEC <= a.V) {
+      xin[u].v = __ldcs(reinterpret_cast<const uint4*>(x + lane0));
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) xin[u].e[j] = lane0 + j < a.V ? x[lane0 + j] : R(0);
+    }
+  }
   const float inv_t = div_full(1.0f, PER_ROW_T ? a.temperature_rows[pid] : a.temperature);
   const float neg_max = -a.row_max[pid], logsum = a.row_logsum[pid];
   const int64_t target = index_at(a.target, a.target_32, pid);
   const float g = target == a.ignore_index ? 0.0f : a.grad_logp[pid];
   const float h = ENT ? a.grad_entropy[pid] : 0.0f, ent = ENT ? a.entropy[pid] : 0.0f;
-  const int64_t lane0 = ((int64_t)blockIdx.y * 256 + threadIdx.x) * VEC;
-  if (lane0 >= a.V) return;
-  const R* x = reinterpret_cast<const R*>(a.logits) + row * a.stride;
-  R* out = reinterpret_cast<R*>(a.grad) + row * a.V;
-  constexpr bool WIDE = VEC * sizeof(R) == 16;  // one 16-byte access per thread where whole
-  union Vec { uint4 v; R e[VEC]; } xin, dout;
-  const bool whole = lane0 + VEC <= a.V;
-  if (WIDE && whole) xin.v = __ldcs(reinterpret_cast<const uint4*>(x + lane0));
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t lane = lane0 + j;
-    if (!(WIDE && whole)) xin.e[j] = lane < a.V ? x[lane] : R(0);
-    const float log_p = __fsub_rn(__fmaf_rn(inv_t, to_f32(T(), xin.e[j]), neg_max), logsum);
-    const float p = ex2_approx(__fmul_rn(log_p, LOG2E));
-    float dx = __fmaf_rn(-p, g, lane == target ? g : 0.0f);
-    if constexpr (ENT) dx = __fmaf_rn(-(p > 0.0f ? __fmul_rn(p, __fadd_rn(log_p, ent)) : 0.0f), h, dx);
-    dout.e[j] = (R)round_to(T(), __fmul_rn(inv_t, dx));
-  }
-  if (WIDE && whole) {
-    __stcs(reinterpret_cast<uint4*>(out + lane0), dout.v);
-    return;
-  }
+  for (int u = 0; u < UNROLL; ++u) {
+    const int64_t lane0 = base + u * (BWD_THREADS * VEC);
+    if (lane0 >= a.V) break;  // later accesses start further right
+    Vec dout;
 #pragma unroll
-  for (int j = 0; j < VEC; ++j)
-    if (lane0 + j < a.V) out[lane0 + j] = dout.e[j];
+    for (int j = 0; j < VEC; ++j) {
+      const int64_t lane = lane0 + j;
+      const float log_p = __fsub_rn(__fmaf_rn(inv_t, to_f32(T(), xin[u].e[j]), neg_max), logsum);
+      const float p = ex2_approx(__fmul_rn(log_p, LOG2E));
+      float dx = __fmaf_rn(-p, g, lane == target ? g : 0.0f);
+      if constexpr (ENT) dx = __fmaf_rn(-(p > 0.0f ? __fmul_rn(p, __fadd_rn(log_p, ent)) : 0.0f), h, dx);
+      dout.e[j] = (R)round_to(T(), __fmul_rn(inv_t, dx));
+    }
+    if (WIDE && lane0 + VEC <= a.V) {
+      __stcs(reinterpret_cast<uint4*>(out + lane0), dout.v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        if (lane0 + j < a.V) out[lane0 + j] = dout.e[j];
+    }
+  }
 }
+
+// vectors a thread: four 16-byte accesses (Triton's count); sixteen scalars where rows are not aligned
+template <int VEC>
+constexpr int bwd_unroll() { return VEC == 1 ? 16 : 4; }
 
 template <typename T, int VEC>
 int launch_bwd(const BwdArgs& a, int n_rows, bool ent, cudaStream_t stream) {
-  const dim3 grid((unsigned)n_rows, (unsigned)((a.V + VEC * 256 - 1) / (VEC * 256)));
+  constexpr int U = bwd_unroll<VEC>(), PER_BLOCK = BWD_THREADS * U * VEC;
+  const dim3 grid((unsigned)n_rows, (unsigned)((a.V + PER_BLOCK - 1) / PER_BLOCK));
   const bool ri = a.row_index != nullptr, prt = a.temperature_rows != nullptr;
 #define RLK_BWD(E, R, P) \
-  if (ent == E && ri == R && prt == P) slp_bwd_kernel<T, VEC, E, R, P><<<grid, 256, 0, stream>>>(a);
+  if (ent == E && ri == R && prt == P) slp_bwd_kernel<T, VEC, U, E, R, P><<<grid, BWD_THREADS, 0, stream>>>(a);
   RLK_BWD(false, false, false) RLK_BWD(false, false, true) RLK_BWD(false, true, false) RLK_BWD(false, true, true)
   RLK_BWD(true, false, false) RLK_BWD(true, false, true) RLK_BWD(true, true, false) RLK_BWD(true, true, true)
 #undef RLK_BWD

@@ -251,6 +251,15 @@ def _slp_bwd_vec(logits) -> int:
     return full if logits.stride(0) % full == 0 and V % full == 0 and logits.data_ptr() % 16 == 0 else 1
 
 
+# The native backward's launch geometry (native/selected_logp_kernels.cu: BWD_THREADS, bwd_unroll), for
+# the harnesses that run its PTX in the emulator: threads a block, and vectors a thread.
+SLP_BWD_THREADS = 64
+
+
+def slp_bwd_unroll(vec: int) -> int:
+    return 16 if vec == 1 else 4
+
+
 def _slp_upstream(n, with_entropy, device):
     """The gate's upstream gradients: fixed, signed, different per row (entropy's only with entropy)."""
     g = torch.linspace(-1.5, 1.25, n, device=device)

@@ -401,10 +401,10 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, row_stride, ta, ra if row_index else 0, tra if per_row_t else 0,
                        temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,
                        0, 0)
-    code = emu.entry(module, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
+    code = emu.entry(module, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELi{native.slp_bwd_unroll(vec)}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
     for r in range(n):
-        for b in range(-(-V // (vec * 256))):
-            emu.run_cta(code, 256, [args], mem.buf, (r, b))
+        for b in range(-(-V // (vec * native.SLP_BWD_THREADS * native.slp_bwd_unroll(vec)))):
+            emu.run_cta(code, native.SLP_BWD_THREADS, [args], mem.buf, (r, b))
     got = mem.get(oa, total_rows * V, dtype)
     ints = torch.int32 if dtype == torch.float32 else torch.int16
     same = torch.equal(want.view(ints), got.view(ints))
@@ -454,7 +454,9 @@ def slp_bwd_cases():
     out = [(dt, V, 4, {}) for dt in (bf, torch.float16, torch.float32) for V in (4096, 5001)]
     out += [(bf, 4096, 4, dict(entropy=False)), (bf, 4096, 5, dict(row_index=True)), (bf, 4096, 4, dict(per_row_t=True)),
             (bf, 4096, 3, dict(temperature=0.7)), (bf, 4096, 3, dict(row_stride=4100)),
-            (torch.float32, 2000, 3, dict(row_stride=2003, temperature=1.3))]
+            (torch.float32, 2000, 3, dict(row_stride=2003, temperature=1.3)),
+            # aligned rows whose last block is partial: some of a thread's vectors lie past V
+            (bf, 5000, 3, {}), (torch.float32, 3000, 3, {})]
     return out
 
 
