@@ -380,20 +380,25 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   const int t = threadIdx.x;
   const int64_t row0 = (int64_t)blockIdx.x * rows_per_block;
   const int64_t row_end = row0 + rows_per_block < N ? row0 + rows_per_block : N;
-  // Registers: the weight and the rows stay raw bits, and xhat / gw are recomputed where used (the same
-  // operations, so the same bits), so that the 16-warp tiles keep the next row's loads in flight without
-  // spilling; PREFETCH only where that fits the register file (an estimate of the live registers).
+  // Registers: the rows stay raw bits. KEEP, where the register file has room (an estimate of the live
+  // registers), holds w + offset for the block and xhat / gw for the row, as Triton's kernel does;
+  // otherwise (the 16-warp tiles) they are recomputed where used, the same operations and so the same
+  // bits, so that the next row's loads stay in flight without spilling. PREFETCH likewise.
   constexpr int REGS = 65536 / THREADS < 255 ? 65536 / THREADS : 255;
   constexpr bool PREFETCH = 5 * WORDS + E + 32 <= REGS;
+  constexpr bool KEEP = PREFETCH && 5 * WORDS + 4 * E + 40 <= REGS;
   unsigned wb[WORDS];
   {
     const bool w_ok = aligned_for(w, VEC);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL>(w, c * VEC * THREADS + t * VEC, H, w_ok, wb, c * VEC);
   }
-  float dw[E];
+  float dw[E], wk[KEEP ? E : 1];
 #pragma unroll
-  for (int k = 0; k < E; ++k) dw[k] = 0.0f;
+  for (int k = 0; k < E; ++k) {
+    dw[k] = 0.0f;
+    if constexpr (KEEP) wk[k] = __fadd_rn(weight_offset, elem_f32<T>(wb, k));
+  }
   __shared__ float warp_sums[2][WARPS];  // two rows' buffers: one barrier per row
   // A row's h, g (and the residual_out gradient) as raw bits. With PREFETCH, as Triton's kernel, the
   // next row's loads are issued before this row's reduction (the last row is read twice rather than
@@ -423,8 +428,18 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
     }
     if (PREFETCH) load_row(row + 1 < row_end ? row + 1 : row);
     const float r = rstd[row];
-    auto xhat = [&](int k) { return __fmul_rn(r, elem_f32<T>(hb, k)); };
-    auto gw = [&](int k) { return __fmul_rn(__fadd_rn(weight_offset, elem_f32<T>(wb, k)), elem_f32<T>(gb, k)); };
+    float xk[KEEP ? E : 1], gk[KEEP ? E : 1];
+    if constexpr (KEEP) {
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        xk[k] = __fmul_rn(r, elem_f32<T>(hb, k));
+        gk[k] = __fmul_rn(wk[k], elem_f32<T>(gb, k));
+      }
+    }
+    auto xhat = [&](int k) { return KEEP ? xk[KEEP ? k : 0] : __fmul_rn(r, elem_f32<T>(hb, k)); };
+    auto gw = [&](int k) {
+      return KEEP ? gk[KEEP ? k : 0] : __fmul_rn(__fadd_rn(weight_offset, elem_f32<T>(wb, k)), elem_f32<T>(gb, k));
+    };
     float s = __fmaf_rn(gw(0), xhat(0), 0.0f);
     if constexpr (E > 1) {
       s = __fadd_rn(s, __fmaf_rn(gw(1), xhat(1), 0.0f));
