@@ -54,6 +54,11 @@ VARIANTS = {  # name: fields replaced in the locked row
     "maxnreg 128": dict(maxnreg_d64=128),
     "uncapped": dict(maxnreg_d64=0),
     "heavy_first maxnreg 128": dict(heavy_first=True, maxnreg_d64=128),
+    # 64-row tiles, one warpgroup, 2 stages: two programs per SM at D 128 by both registers (254) and
+    # shared memory (83 KB; ptxas, triton 3.6). The sweep's 64-row rows had 3-4 stages (one program
+    # per SM: 0.60-0.67x, h200-attention-2026-12-04.json). The same block_n, so the same reduction
+    # order; a new locked block_m would move decode's rows with it (configs._decode_row).
+    "m64 w4 s2": dict(block_m=64, num_warps=4, num_stages=2),
 }
 
 
