@@ -97,6 +97,9 @@ class MatmulConfig:
     # program's softmax runs beside the other's MMAs. Larger heads keep the compiler's choice: D 128
     # (223 registers, 129 KB of shared memory) has no room for a second program, and capped it ran
     # 0.79x; D 256 does not compile under 128 (docs/reports/h100-attention-fwd-levers-2026-12-05.json).
+    # The dq kernel takes the same field (off in every row, a lever not yet timed): at D 64 its locked
+    # row uses 170 registers (216 with the whole-block loops), one program per SM; capped at 128, 64
+    # (80) B of spills and two programs per SM (82 KB of shared memory each).
     maxnreg_d64: int = 0
 
 

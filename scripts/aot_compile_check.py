@@ -306,6 +306,13 @@ def attention_cases():
         rows.append((f"attention _bwd_dq_kernel{tag}", at._bwd_dq_kernel,
                      dict(bwd_args(D), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split, HEAVY_FIRST=c.heavy_first),
                      c.num_warps, c.num_stages))
+        # D 64's dq uncapped and with configs maxnreg_d64 128 (two programs per SM), for the levers run
+        c = configs.lookup_attention("attention_bwd_dq", "sm90", bf, 64)
+        for cap in sorted({0, 128, c.maxnreg_d64}):
+            rows.append((f"attention _bwd_dq_kernel{tag} D=64" + (f" (maxnreg={cap})" if cap else ""),
+                         at._bwd_dq_kernel, dict(bwd_args(64), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split,
+                                                 HEAVY_FIRST=c.heavy_first),
+                         c.num_warps, c.num_stages, {"maxnreg": cap} if cap else {}))
     return rows
 
 

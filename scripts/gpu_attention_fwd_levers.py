@@ -133,12 +133,16 @@ def main():
             print(row, flush=True)
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
-        # the backward with dq's tiles in reverse order (heavy_first on the dq row), against the locked rows
+        # the backward with dq's tiles in reverse order (heavy_first on the dq row) and, at D <= 64, dq's
+        # register cap, against the locked rows
         out, lse = ref
         do = torch.randn(out.shape, device=dev, generator=g).to(dt)
         grads, bwd_ms = None, None
-        dq_heavy = dataclasses.replace(ops._cfg("attention_bwd_dq", q), heavy_first=True)
-        for name, rows in (("locked", {}), ("dq heavy_first", {"dq": dq_heavy})):
+        dq_locked = ops._cfg("attention_bwd_dq", q)
+        bwd_variants = [("locked", {}), ("dq heavy_first", {"dq": dataclasses.replace(dq_locked, heavy_first=True)})]
+        if d <= 64:  # configs maxnreg_d64 on the dq row: two programs per SM (ptxas: 170 -> 128 registers)
+            bwd_variants.append(("dq maxnreg 128", {"dq": dataclasses.replace(dq_locked, maxnreg_d64=128)}))
+        for name, rows in bwd_variants:
             if time.time() - t0 > args.time_box:
                 report.setdefault("not_run", []).append(f"{shape}: backward {name}")
                 continue

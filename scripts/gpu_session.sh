@@ -17,7 +17,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
              tests/test_cuda_graphs.py tests/test_linear_logp_saved.py tests/test_dispatch.py \
              tests/test_attention.py::test_backward_whole_block_loops_give_the_masked_bits \
              tests/test_attention.py::test_backward_transposed_scores_within_contract_and_invariant \
-             tests/test_attention.py::test_every_output_and_gradient_element_is_written} > $OUT/tests.log 2>&1
+             tests/test_attention.py::test_every_output_and_gradient_element_is_written \
+             tests/test_attention.py::test_dq_register_cap_gives_the_same_bits} > $OUT/tests.log 2>&1
            echo "tests: exit $? $(grep -E ' passed| failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -20
            pkill -f "pytest" 2>/dev/null; sleep 1 ;;  # a timed-out run leaves xdist workers: they would skew the timings
     native) timeout ${NATIVE_S:-300} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1

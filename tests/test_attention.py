@@ -308,6 +308,27 @@ def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
             assert torch.equal(a, b), (lens[i], name, (a.double() - b.double()).abs().max())
 
 
+@pytest.mark.gpu
+def test_dq_register_cap_gives_the_same_bits(monkeypatch):
+    """configs maxnreg_d64 on the dq row at D 64 (ptxas's register cap: the same instructions, two
+    programs per SM): dq, dk and dv keep their bits, with and without the whole-block loops."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [4100, 700, 33, 2048, 1]
+    seqs = [_seq(gen, L, 4, 2, 64, torch.bfloat16, "cuda") for L in lens]
+    ups = [(torch.randn(s[0].shape[0], 4, 64, generator=gen).cuda(),
+            torch.randn(4, s[0].shape[0], generator=gen).cuda()) for s in seqs]
+    order = list(range(len(seqs)))
+    for min_len in (0, 1024):
+        _with_backward_split(monkeypatch, "cuda", torch.bfloat16, min_len)
+        runs = []
+        for cap in (0, 128):
+            _with_rows(monkeypatch, "cuda", torch.bfloat16, ("attention_bwd_dq",), maxnreg_d64=cap)
+            runs.append(_run_pack(seqs, order, ups, "cuda"))
+        for i in order:
+            for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[0][i], runs[1][i]):
+                assert torch.equal(a, b), (min_len, lens[i], name, (a.double() - b.double()).abs().max())
+
+
 @pytest.mark.parametrize("causal", (True, False))
 def test_every_output_and_gradient_element_is_written(device, causal, monkeypatch):
     """Neither pass zero-fills its outputs: the kernels must write every element of every sequence.

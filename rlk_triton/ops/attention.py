@@ -643,7 +643,8 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
 
 
 def register_cap(cfg, head_dim: int) -> dict:
-    """The launch option of configs maxnreg_d64 at head dims <= 64: none when 0 or for larger heads
+    """The launch option of configs maxnreg_d64 (the forward's and dq's rows) at head dims <= 64: none
+    when 0 or for larger heads
     (the compiler's choice; the launch and its cache key are then as without the field), and none
     under the interpreter (no registers to cap)."""
     cap = cfg.maxnreg_d64 if head_dim <= 64 else 0
@@ -736,7 +737,8 @@ def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), lse.stride(0), dq.stride(0), dq.stride(1),
         scale * LOG2E, scale, N, cq.split_min_len, BLOCK_M=cq.block_m, BLOCK_N=cq.block_n,
-        SPLIT=split_q, HEAVY_FIRST=cq.heavy_first, num_warps=cq.num_warps, num_stages=cq.num_stages, **common)
+        SPLIT=split_q, HEAVY_FIRST=cq.heavy_first, num_warps=cq.num_warps, num_stages=cq.num_stages,
+        **register_cap(cq, D), **common)
     return dq, dk, dv
 
 
