@@ -30,7 +30,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
     profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json > $OUT/profile.log 2>&1
              echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;
     split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) ${SPLIT_ARGS:-} > $OUT/split.log 2>&1
-           echo "split: exit $?"; tail -c 3000 $OUT/split.log ;;
+           echo "split: exit $?"; tail -c 3000 $OUT/split.log
+           python3 scripts/plot_attention_report.py $OUT/split.json --out $OUT/attention.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     tiles) timeout ${TILES_S:-300} python3 scripts/gpu_attention_tiles.py --out $OUT/tiles.json --commit $C --time-box $(( ${TILES_S:-300} - 30 )) ${TILES_ARGS:-} > $OUT/tiles.log 2>&1
            echo "tiles: exit $?"; tail -c 3000 $OUT/tiles.log ;;
     levers) timeout ${LEVERS_S:-300} python3 scripts/gpu_attention_fwd_levers.py --out $OUT/levers.json --commit $C --time-box $(( ${LEVERS_S:-300} - 40 )) ${LEVERS_ARGS:-} > $OUT/levers.log 2>&1
