@@ -291,6 +291,38 @@ def test_register_cap_only_at_small_heads(monkeypatch):
     assert ops.register_cap(cfg, 64) == {}
 
 
+def test_register_cap_reaches_the_forward_and_dq_launches(device, monkeypatch):
+    """The plumbing of configs maxnreg_d64: with the rows carrying it, the forward's and dq's launches
+    ask for the cap at D <= 64 and not at D 128; dk / dv's never does."""
+    from rlk_triton.ops import attention as ops
+
+    asked = []
+
+    def spy(name):
+        kernel = getattr(ops, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def call(*args, **meta):
+                    asked.append((name, meta.get("maxnreg")))
+                    if device == "cpu":
+                        meta.pop("maxnreg", None)  # the interpreter has no registers to cap
+                    return kernel[grid](*args, **meta)
+                return call
+        monkeypatch.setattr(ops, name, Spy())
+
+    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+        spy(name)
+    monkeypatch.setattr(ops, "interpreter_active", lambda: False)  # on the CPU: what a GPU launch asks
+    _with_rows(monkeypatch, device, torch.bfloat16, ("attention_fwd", "attention_bwd_dq"), maxnreg_d64=128)
+    gen = torch.Generator().manual_seed(2)
+    for D, want in ((16, 128), (128, None)):
+        asked.clear()
+        q, k, v = (x.requires_grad_() for x in _seq(gen, 20, 4, 2, D, torch.bfloat16, device))
+        attention(q, k, v, cu_of([20], device))[0].float().sum().backward()
+        assert asked == [("_fwd_kernel", want), ("_bwd_dkdv_kernel", None), ("_bwd_dq_kernel", want)], D
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_dq_heavy_first_gives_the_same_bits(device, dtype, monkeypatch):
     """configs heavy_first on the dq row (the grid's query tiles in reverse order) and on the forward's:
