@@ -137,6 +137,13 @@ def default_arch() -> str:
 interpreter_active()  # installs the filter in processes that set TRITON_INTERPRET before importing rlk_triton
 
 
+def shaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """t viewed as `shape`, or t itself when it has that shape already: a view costs 2-3 us of host time
+    per call (more under autograd, which records it), and a public op's output usually has its
+    input's shape."""
+    return t if t.shape == shape else t.view(shape)
+
+
 # Up to this many ids are range-checked on the host: one device-to-host copy, where the device check is
 # about six kernel launches (compares, or, any) before its sync; a decode step's ids are that small.
 HOST_CHECK_MAX_IDS = 256

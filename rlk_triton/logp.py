@@ -15,7 +15,7 @@ from typing import Union
 import torch
 
 from . import native
-from ._runtime import first_id_outside, interpreter_active
+from ._runtime import first_id_outside, interpreter_active, shaped
 from .errors import (BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError, TargetIndexError,
                      TemperatureError)
 from .ops import linear_logp as _linear_op
@@ -88,9 +88,9 @@ def selected_logp(
         logp, entropy, _, _ = _op.call_selected_logp_fwd(
             logits, flat_targets, None, t_value, t_rows, int(ignore_index), bool(return_entropy)
         )
-    logp = logp.view(target_ids.shape)
+    logp = shaped(logp, target_ids.shape)
     if return_entropy:
-        return logp, entropy.view(target_ids.shape)
+        return logp, shaped(entropy, target_ids.shape)
     return logp
 
 
@@ -254,8 +254,8 @@ def linear_logp(
         logp, entropy, _, _ = _linear_op.LinearLogpTP.apply(hidden2d, weight, bias, flat_targets, t,
                                                             int(ignore_index), bool(return_entropy),
                                                             tp_group, int(vocab_start_index), save_cols)
-    logp = logp.view(lead)
-    return (logp, entropy.view(lead)) if return_entropy else logp
+    logp = shaped(logp, lead)
+    return (logp, shaped(entropy, lead)) if return_entropy else logp
 
 
 # ---- validation: typed errors that name the argument ----

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, first_id_outside, interpreter_active
+from .._runtime import arch_of, first_id_outside, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
 from .launch import cached, cdiv, next_power_of_2
@@ -210,7 +210,7 @@ def embedding(token_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None
     if bad is not None:
         raise IdRangeError("token_ids", f"id {bad[1]} at flat position {bad[0]} is outside [0, {V})")
     out = call_embedding_fwd(flat, weight, pad)
-    return out.view(*token_ids.shape, weight.shape[1])
+    return shaped(out, (*token_ids.shape, weight.shape[1]))
 
 
 def _check_weight(weight):

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import configs, native
-from .._runtime import arch_of, interpreter_active
+from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
 from .dispatch import autograd_op, direct, wants_grad
@@ -415,8 +415,8 @@ def rms_norm(
     r2d = residual.reshape(-1, H) if residual is not None else None
     y, res_out, _ = call_rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
     if residual is None:
-        return y.view(x.shape)
-    return y.view(x.shape), res_out.view(x.shape)
+        return shaped(y, x.shape)
+    return shaped(y, x.shape), shaped(res_out, x.shape)
 
 
 class _NativeForward(torch.autograd.Function):
@@ -474,8 +474,8 @@ def _rms_norm_native(x, weight, residual, eps, weight_offset, backend, H):
         out = native.rms_norm_fwd(rows, weight, eps, weight_offset, res_rows, layout=layout)
         y, res_out = out[0], out[1] if residual is not None else None
     if residual is None:
-        return y.view(x.shape)
-    return y.view(x.shape), res_out.view(x.shape)
+        return shaped(y, x.shape)
+    return shaped(y, x.shape), shaped(res_out, x.shape)
 
 
 def _check(x, weight, residual, eps, weight_offset) -> int:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, as_device, first_id_outside, interpreter_active
+from .._runtime import arch_of, as_device, first_id_outside, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
 from .launch import cached, cdiv, next_power_of_2
@@ -349,7 +349,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
         raise IdRangeError("position_ids", f"position {bad[1]} at flat position {bad[0]} is outside "
                            f"the tables [0, {cos.shape[0]})")
     q_rot, k_rot = call_rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
-    return q_rot.view(q.shape), (k_rot.view(k.shape) if k is not None else None)
+    return shaped(q_rot, q.shape), (shaped(k_rot, k.shape) if k is not None else None)
 
 
 # ---- validation: typed errors that name the argument ----

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of
+from .._runtime import arch_of, shaped
 from ..errors import DeviceError, DTypeError, LayoutError, ShapeError
 from .rmsnorm import SUPPORTED_DTYPES, check_device
 from .dispatch import autograd_op, direct
@@ -151,7 +151,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     I = gate.shape[-1]
     N = math.prod(gate.shape[:-1])  # not reshape(-1, I): with I = 0 the -1 could be anything
     g2d, u2d = gate.reshape(N, I), up.reshape(N, I)
-    return call_swiglu_fwd(g2d, u2d).view(gate.shape)
+    return shaped(call_swiglu_fwd(g2d, u2d), gate.shape)
 
 
 def _check(gate, up):
