@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .._runtime import arch_of, interpreter_active
+from .._runtime import arch_of, interpreter_active, shaped
+from ..errors import DeviceError, DTypeError, ShapeError
 from .dispatch import autograd_op, direct
 from .launch import cached, cdiv
 
@@ -381,8 +382,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Empty shapes are valid: M = 0 or N = 0 give an empty result, K = 0 the empty sum (zeros, plus
     bias), forward and backward, without a launch.
     """
-    from ..errors import DeviceError, DTypeError, ShapeError
-
     for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
         if not isinstance(x, torch.Tensor):
             raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
@@ -403,6 +402,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         raise DeviceError("a", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
     lead = a.shape[:-1]
     # not reshape(-1, K): with K = 0 (or any empty a) the -1 could be anything
-    a2d = a.reshape(math.prod(lead), a.shape[-1])
+    a2d = a if a.dim() == 2 else a.reshape(math.prod(lead), a.shape[-1])
     out = call_matmul(a2d, b, bias.contiguous() if bias is not None else None)
-    return out.reshape(*lead, b.shape[1])
+    return shaped(out, (*lead, b.shape[1]))
