@@ -644,9 +644,8 @@ def launch_forward(q, k, v, cu_seqlens, max_seqlen, scale, causal, kv_range=None
 
 def register_cap(cfg, head_dim: int) -> dict:
     """The launch option of configs maxnreg_d64 (the forward's and dq's rows) at head dims <= 64: none
-    when 0 or for larger heads
-    (the compiler's choice; the launch and its cache key are then as without the field), and none
-    under the interpreter (no registers to cap)."""
+    when 0 or for larger heads (the compiler's choice; the launch and its cache key are then as
+    without the field), and none under the interpreter (no registers to cap)."""
     cap = cfg.maxnreg_d64 if head_dim <= 64 else 0
     return {"maxnreg": cap} if cap and not interpreter_active() else {}
 
