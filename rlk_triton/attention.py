@@ -295,7 +295,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if cu_seqlens_q is None:
         if q.shape[0] != B:
             raise ShapeError("q", f"{q.shape[0]} tokens but {B} sequences (pass cu_seqlens_q for chunks)")
-        cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device)
+        cu_q = None  # one new token per sequence: the kernel takes token b for sequence b (no offsets tensor)
         max_seqlen_q = 1
     else:
         cu_q = _check_index("cu_seqlens_q", cu_seqlens_q, q)

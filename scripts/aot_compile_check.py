@@ -283,6 +283,9 @@ def attention_cases():
                       svc_p=256 * Hkv * D, svc_s=Hkv * D, svc_h=D, so_t=Hq * D, so_h=D, slse_h=N, sbt_b=32,
                       page_size=256, qk_scale=0.1, n_q=N, n_pages=64, max_pages=32, GROUP=Hq // Hkv, HEADS=Hq // Hkv, HEAD_DIM=D, UPCAST=False, IEEE=False,
                       BLOCK_M=d.block_m, BLOCK_N=d.block_n, PAGE_AHEAD=d.page_ahead), d.num_warps, d.num_stages))
+    # a decode step without offsets (one new token per sequence: cuq_ptr None, a constexpr branch)
+    rows.append(("attention _decode_kernel (one token per sequence)", at._decode_kernel,
+                 dict(rows[-1][2], cuq_ptr=None), d.num_warps, d.num_stages))
     # dk / dv: the locked row, and the transposed scores (configs scores_t) on 128-key tiles with 8 warps,
     # for the GPU's tile sweep to time: 64 query rows with 1 stage (no prefetch of the next q / dO) and
     # 2, and 32 rows with 2; beside them the first tile untransposed, and D 256's locked tile both ways

@@ -493,6 +493,7 @@ def _decode_in_chunks(q, kc, vc, bt, lens, cu, chunks, device):
     (torch.bfloat16, 1, [[40], [7, 3], [16, 5]]),         # whole prefill; chunks straddling blocks
     (torch.float16, 2, [[20, 1], [1], [17, 2]]),           # prefill then decode one token at a time
     (torch.float32, 4, [[16, 9], [5], [20, 1]]),
+    (torch.bfloat16, 1, [[32, 1], [8, 1], [20, 1]]),      # prefill, then one plain decode step (no offsets)
 ])
 def test_decode_bitwise_equals_training(device, dtype, page_mult, chunks):
     gen = torch.Generator().manual_seed(7)

@@ -304,7 +304,11 @@ def _decode_kernel(
     # max_seqlen_q costs time, not rows).
     b = tl.program_id(1)
     h0 = tl.program_id(2) * HEADS
-    q_start, n_new = _span(cuq_ptr, b, n_q)
+    if cuq_ptr is None:  # a decode step: new token b of sequence b (what offsets 0, 1, ..., B give)
+        q_start = tl.minimum(b, n_q)
+        n_new = tl.minimum(b + 1, n_q) - q_start
+    else:
+        q_start, n_new = _span(cuq_ptr, b, n_q)
     kv_len = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b), 0), max_pages * page_size)
     for j in range(tl.program_id(0), tl.cdiv(n_new * HEADS, BLOCK_M), tl.num_programs(0)):
         _decode_row_block(q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, sq_t, sq_h, skc_p, skc_s, skc_h,
@@ -675,6 +679,8 @@ def decode_heads(cfg, group: int) -> int:
 
 
 def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, scale, cfg=None):
+    """cu_seqlens_q: the new tokens' offsets [B + 1], or None for one new token per sequence (token b
+    of q belongs to sequence b)."""
     N, Hq, D = q.shape
     B = cache_seqlens.numel()
     out = torch.empty_like(q)
