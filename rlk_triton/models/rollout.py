@@ -218,7 +218,10 @@ class RolloutEngine:
             table[b, :len(r.pages)] = torch.tensor(r.pages, dtype=torch.int32)
         token_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         position_ids = torch.tensor(pos, dtype=torch.int64, device=dev)
-        cu_q = torch.tensor(cu, dtype=torch.int32, device=dev)
+        # a plain decode step (one new token per sequence) needs no offsets: attention_decode takes
+        # token b for sequence b, the same bits
+        plain = all(cu[b + 1] - cu[b] == 1 for b in range(len(batch)))
+        cu_q = None if plain else torch.tensor(cu, dtype=torch.int32, device=dev)
         cache_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
         table = table.to(dev)
         slot_ids = torch.tensor(slots, dtype=torch.int64, device=dev)
