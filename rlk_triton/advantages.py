@@ -49,13 +49,14 @@ def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_value
             raise InputError(name, f"must be a number in [0, 1], got {x!r}")
     m = _mask("mask", mask, rewards.shape, rewards.device)
     B = rewards.shape[0]
-    if bootstrap_values is None:
-        boot = torch.zeros(B, dtype=torch.float32, device=rewards.device)
-    else:
-        boot = _vector("bootstrap_values", bootstrap_values, B, rewards.device)
+    boot = None if bootstrap_values is None else _vector("bootstrap_values", bootstrap_values, B, rewards.device)
     _check_tensor_device("rewards", rewards, backend)
-    launch = _torch_reference.gae if backend == "torch_reference" else _ops.launch_gae
-    return launch(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
+    if backend == "torch_reference":
+        if boot is None:
+            boot = torch.zeros(B, dtype=torch.float32, device=rewards.device)
+        return _torch_reference.gae(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
+    # no bootstrap values: the kernel takes 0 (no [B] of zeros to fill)
+    return _ops.launch_gae(rewards.float().contiguous(), values.float().contiguous(), m, boot, gamma, lam)
 
 
 def group_advantages(scores, group_ids, *, num_groups: int, mode: str = "mean_std", valid=None,

@@ -316,6 +316,15 @@ def attention_cases():
                          at._bwd_dq_kernel, dict(bwd_args(64), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split,
                                                  HEAVY_FIRST=c.heavy_first),
                          c.num_warps, c.num_stages, {"maxnreg": cap} if cap else {}))
+    # GAE writes its rows' tails itself (no zero fill), and takes no bootstrap tensor as 0
+    from rlk_triton.ops import advantages as adv
+
+    g = configs.lookup_fixed("gae", "sm90")
+    r, m = _t(64, 4096, dtype=f32), _t(64, 4096, dtype=torch.uint8)
+    for tag, boot in (("", _t(64, dtype=f32)), (" (no bootstrap values)", None)):
+        rows.append((f"advantages _gae_kernel{tag}", adv._gae_kernel,
+                     dict(rew_ptr=r, val_ptr=r, mask_ptr=m, boot_ptr=boot, adv_ptr=r, ret_ptr=r, T=4096, stride_row=4096,
+                          gamma=0.99, lam=0.95, BLOCK_T=g.block_v), g.num_warps, g.num_stages))
     return rows
 
 

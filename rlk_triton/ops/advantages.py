@@ -66,8 +66,17 @@ def _gae_kernel(rew_ptr, val_ptr, mask_ptr, boot_ptr, adv_ptr, ret_ptr, T, strid
         offs = start + lanes
         act = (offs < T) & (tl.load(mask_ptr + base + offs, mask=offs < T, other=0) != 0)
         last_active = tl.maximum(last_active, tl.max(tl.where(act, offs, -1), 0))
-    end = last_active + 1  # tokens at or past `end` are inactive: their outputs stay 0
-    carry_v = tl.load(boot_ptr + row)  # the value past the last active token
+    end = last_active + 1  # tokens at or past `end` are inactive: 0, written here (no zero fill)
+    for start in range(end - end % BLOCK_T, T, BLOCK_T):
+        offs = start + lanes
+        tail = (offs >= end) & (offs < T)
+        tl.store(adv_ptr + base + offs, tl.zeros((BLOCK_T,), tl.float32), mask=tail)
+        tl.store(ret_ptr + base + offs, tl.zeros((BLOCK_T,), tl.float32), mask=tail)
+    # the value past the last active token: the bootstrap value, or 0 (a finished sequence) without one
+    if boot_ptr is None:
+        carry_v = tl.zeros((), tl.float32)
+    else:
+        carry_v = tl.load(boot_ptr + row)
     carry_a = tl.zeros((), tl.float32)  # A past the last active token
     n_tiles = tl.cdiv(end, BLOCK_T)
     for k in range(0, n_tiles):
@@ -263,11 +272,13 @@ def launch_masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: boo
     return out, stats
 
 def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
+    """bootstrap: [B] fp32, or None for 0 (finished sequences). The kernel writes every element."""
     B, T = rewards.shape
     # the kernel indexes [B, T] rows with stride T: views are read as their contiguous copies
-    rewards, values, mask_u8, bootstrap = (x.contiguous() for x in (rewards, values, mask_u8, bootstrap))
-    adv = torch.zeros_like(rewards)  # tokens after a row's last active one are never written
-    ret = torch.zeros_like(rewards)
+    rewards, values, mask_u8 = (x.contiguous() for x in (rewards, values, mask_u8))
+    bootstrap = bootstrap.contiguous() if bootstrap is not None else None
+    adv = torch.empty_like(rewards)
+    ret = torch.empty_like(rewards)
     if B == 0 or T == 0:
         return adv, ret
     block, warps = _locked("gae", rewards.device)
