@@ -229,10 +229,16 @@ def launch_forward(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollo
     """(loss [], sequence terms [B], diagnostics [6], row weight [B], coef [B], n [B]), fp32."""
     B, T = logp.shape
     dev = logp.device
-    rows = [torch.zeros(B, dtype=torch.float32, device=dev) for _ in range(N_ROWS)]  # loss, s, coef, n, clipped, k3, lr
-    loss = torch.zeros((), dtype=torch.float32, device=dev)
-    diag = torch.zeros(len(DIAGNOSTICS), dtype=torch.float32, device=dev)
-    weight = torch.zeros(B, dtype=torch.float32, device=dev)
+    # The rows kernel writes all seven values of every row and the batch kernel the loss, the
+    # diagnostics and every row weight, so the buffers need no zero fill where they run: only rows of
+    # no tokens (T = 0, no rows kernel; the batch kernel reads them) and the loss and diagnostics of
+    # an empty batch are zeros.
+    alloc = torch.empty if T else torch.zeros
+    rows = [alloc(B, dtype=torch.float32, device=dev) for _ in range(N_ROWS)]  # loss, s, coef, n, clipped, k3, lr
+    alloc = torch.empty if B else torch.zeros
+    loss = alloc((), dtype=torch.float32, device=dev)
+    diag = alloc(len(DIAGNOSTICS), dtype=torch.float32, device=dev)
+    weight = torch.empty(B, dtype=torch.float32, device=dev)
     opt = lambda x: logp if x is None else x  # noqa: E731 - an unused pointer
     if B and T:
         cfg = _cfg("rl_policy_loss_rows", dev)
