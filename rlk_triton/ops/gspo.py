@@ -312,6 +312,7 @@ def _setup(ctx, inputs, output):
     _loss, _rows, _diag, weight, coef, n = output
     ctx.save_for_backward(weight, coef, n, logp, old_logp, mask, ref_logp, entropy, rollout_logp)
     ctx.params = dict(zip(_PARAMS, params))
+    ctx.set_materialize_grads(False)  # unused outputs (diagnostics, weights, counts) arrive as None, not as zeros
 
 
 def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
