@@ -85,13 +85,22 @@ def test_large_vocab_sweep_on_the_interpreter(V, dtype, device):
 
 
 @pytest.mark.parametrize("which", ("logp only", "entropy only"))
-def test_gradient_of_one_output_alone(which, device):
-    """Autograd hands the op a None / zero gradient for the unused output: still exact."""
+def test_gradient_of_one_output_alone(which, device, monkeypatch):
+    """Autograd hands the op None for the unused output (no zeros materialized): still exact, and an
+    entropy returned but not differentiated leaves the kernel's entropy term off."""
     from rlk_triton import contracts
     from rlk_triton._runtime import arch_of
     from rlk_triton.logp import selected_logp
+    from rlk_triton.ops import selected_logp as ops
     from rlk_triton.reference import selected_logp_grad_reference
     from rlk_triton.testing.parity import logp_grad_sensitivity, make_logits
+
+    launched, launch = [], ops.launch_backward
+
+    def spy(grad_logp, grad_entropy, *rest):
+        launched.append(grad_entropy is None)
+        return launch(grad_logp, grad_entropy, *rest)
+    monkeypatch.setattr(ops, "launch_backward", spy)
 
     x = make_logits(3, 777, torch.bfloat16, 3.0, torch.Generator().manual_seed(5), device).requires_grad_(True)
     t = torch.randint(0, 777, (3,), generator=torch.Generator().manual_seed(6)).to(device)
@@ -104,3 +113,4 @@ def test_gradient_of_one_output_alone(which, device):
     sens = logp_grad_sensitivity(x64, t64, 0.8, g.numpy(), (h if h is not None else torch.zeros(3)).numpy(), ref)
     bound = contracts.judgment("selected_logp", torch.bfloat16, "gradient_accuracy", arch_of(x.device))
     assert contracts.rounding_plus_sensitivity_ratio(x.grad.double().cpu().numpy(), ref, sens, bound) <= 1.0
+    assert launched == [which == "logp only"]

@@ -375,6 +375,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(logits, target_ids, row_index, temperature_rows, row_max, row_logsum, entropy)
     ctx.temperature = temperature
     ctx.ignore_index = ignore_index
+    # unused outputs arrive as None, not as zeros: no fills for the row statistics, and an entropy that
+    # was returned but not differentiated (logged, detached) leaves the kernel's entropy term off
+    ctx.set_materialize_grads(False)
 
 
 def _backward_args(ctx, grad_logp, grad_entropy) -> tuple:
