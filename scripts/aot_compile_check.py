@@ -325,6 +325,15 @@ def attention_cases():
         rows.append((f"advantages _gae_kernel{tag}", adv._gae_kernel,
                      dict(rew_ptr=r, val_ptr=r, mask_ptr=m, boot_ptr=boot, adv_ptr=r, ret_ptr=r, T=4096, stride_row=4096,
                           gamma=0.99, lam=0.95, BLOCK_T=g.block_v), g.num_warps, g.num_stages))
+    # ratio_kl's backward with an output's gradient absent (None: a zero tile in the kernel)
+    from rlk_triton.ops import rl_losses as rl
+
+    c = configs.lookup_fixed("rl_ratio_kl_bwd", "sm90")
+    for tag, g_lr, g_ratio in (("", r, r), (" (only kl's gradient)", None, None)):
+        rows.append((f"rl_losses _ratio_kl_bwd_kernel{tag}", rl._ratio_kl_bwd_kernel,
+                     dict(g_lr_ptr=g_lr, g_ratio_ptr=g_ratio, g_kl_ptr=r, logp_ptr=r, old_ptr=r, ref_ptr=r, mask_ptr=m,
+                          grad_ptr=r, T=4096, clamp=20.0, HAS_MASK=True, HAS_CLAMP=False, HAS_REF=True, KL_EST=2,
+                          BLOCK_T=c.block_v), c.num_warps, c.num_stages))
     return rows
 
 

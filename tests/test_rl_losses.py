@@ -106,6 +106,31 @@ def test_ratio_kl_masked_and_clamped_tokens(device, backend):
     assert torch.equal(logp.grad[clamped], logp_kl.grad[clamped])
 
 
+def test_ratio_kl_unused_outputs_get_no_zero_tensors(device, monkeypatch):
+    """An output left out of the loss reaches the backward as None (no [B, T] of zeros materialized) and
+    the kernel takes it as a zero tile: the bits of an explicit zero gradient."""
+    from rlk_triton.ops import rl_losses as ops
+
+    got_none, launch = [], ops.launch_ratio_kl_backward
+
+    def spy(g_lr, g_ratio, g_kl, *rest):
+        got_none.append((g_lr is None, g_ratio is None, g_kl is None))
+        return launch(g_lr, g_ratio, g_kl, *rest)
+    monkeypatch.setattr(ops, "launch_ratio_kl_backward", spy)
+    inputs = make_inputs(3, 300, seed=9, device=device)
+    args = (inputs["old_logp"], inputs["ref_logp"])
+    for used in range(3):
+        logp = inputs["logp"].clone().requires_grad_(True)
+        outs = ratio_kl(logp, *args, mask=inputs["mask"], kl_estimator="k3")
+        g = torch.randn(outs[used].shape, generator=torch.Generator().manual_seed(used)).to(device)
+        (alone,) = torch.autograd.grad(outs[used], logp, g, retain_graph=True)
+        zeros = [torch.zeros_like(o) for o in outs]
+        zeros[used] = g
+        (explicit,) = torch.autograd.grad(outs, logp, zeros)
+        assert torch.equal(alone, explicit), used
+    assert got_none[0::2] == [tuple(i != used for i in range(3)) for used in range(3)], got_none
+
+
 # ---- the references' gradients, by finite differences in float64 ----
 
 def _fd_check(f, x, analytic):

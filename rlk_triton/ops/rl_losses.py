@@ -214,6 +214,15 @@ def _ratio_kl_fwd_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, log_ratio_ptr, ra
         tl.store(kl_ptr + p, tl.where(active, kl, 0.0), mask=inb)
 
 
+@triton.jit
+def _grad_tile(g_ptr, p, inb, BLOCK_T: tl.constexpr):
+    """An upstream gradient's tile, zeros where the output got none (g_ptr None)."""
+    g = tl.zeros((BLOCK_T,), tl.float32)
+    if g_ptr is not None:
+        g = tl.load(g_ptr + p, mask=inb, other=0.0)
+    return g
+
+
 @cached
 @triton.jit(do_not_specialize=["T", "clamp"])
 def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref_ptr, mask_ptr, grad_ptr,
@@ -223,11 +232,12 @@ def _ratio_kl_bwd_kernel(g_lr_ptr, g_ratio_ptr, g_kl_ptr, logp_ptr, old_ptr, ref
     p, inb, active, logp, old, ref = _ratio_kl_tile(logp_ptr, old_ptr, ref_ptr, mask_ptr, T, HAS_MASK, HAS_REF,
                                                     BLOCK_T)
     _lr, ratio, _kl, dlr, dkl = _ratio_kl_token(logp, old, ref, clamp, HAS_CLAMP, HAS_REF, KL_EST)
-    g_lr = tl.load(g_lr_ptr + p, mask=inb, other=0.0)
-    g_ratio = tl.load(g_ratio_ptr + p, mask=inb, other=0.0)
+    # an output without a gradient (None) is a zero tile: the same arithmetic as a zero tensor's
+    g_lr = _grad_tile(g_lr_ptr, p, inb, BLOCK_T)
+    g_ratio = _grad_tile(g_ratio_ptr, p, inb, BLOCK_T)
     d = (g_lr + g_ratio * ratio) * dlr
     if HAS_REF:
-        d = d + tl.load(g_kl_ptr + p, mask=inb, other=0.0) * dkl
+        d = d + _grad_tile(g_kl_ptr, p, inb, BLOCK_T) * dkl
     tl.store(grad_ptr + p, tl.where(active, d, 0.0), mask=inb)
 
 
@@ -526,7 +536,7 @@ def launch_ratio_kl_backward(g_lr, g_ratio, g_kl, logp, old_logp, ref_logp, mask
     cfg = config("rl_ratio_kl_bwd", logp.device)
     has_ref = ref_logp is not None
     _ratio_kl_bwd_kernel[(B, cdiv(T, cfg.block_v))](
-        g_lr, g_ratio, g_kl if has_ref else g_lr, logp, old_logp, ref_logp if has_ref else logp,
+        g_lr, g_ratio, g_kl if has_ref else None, logp, old_logp, ref_logp if has_ref else logp,
         mask if mask is not None else logp, grad, T,
         float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0,
         HAS_MASK=mask is not None, HAS_CLAMP=log_ratio_clamp is not None, HAS_REF=has_ref,
@@ -646,7 +656,8 @@ def _(logp, old_logp, ref_logp, mask, kl_estimator, log_ratio_clamp):
 
 
 @torch.library.custom_op("rlk_triton::rl_ratio_kl_bwd", mutates_args=())
-def ratio_kl_bwd(grad_log_ratio: torch.Tensor, grad_ratio: torch.Tensor, grad_kl: Optional[torch.Tensor],
+def ratio_kl_bwd(grad_log_ratio: Optional[torch.Tensor], grad_ratio: Optional[torch.Tensor],
+                 grad_kl: Optional[torch.Tensor],
                  logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
                  mask: Optional[torch.Tensor], kl_estimator: str, log_ratio_clamp: Optional[float],
                  ) -> torch.Tensor:
@@ -664,14 +675,14 @@ def _ratio_kl_setup_context(ctx, inputs, output):
     ctx.save_for_backward(logp, old_logp, ref_logp, mask)
     ctx.kl_estimator = kl_estimator
     ctx.log_ratio_clamp = log_ratio_clamp
+    ctx.set_materialize_grads(False)  # an unused output's gradient is None: the kernel takes it as zeros
 
 
 def _ratio_kl_backward(ctx, g_lr, g_ratio, g_kl):
     logp, old_logp, ref_logp, mask = ctx.saved_tensors
-    zeros = lambda g: torch.zeros_like(logp) if g is None else g.contiguous()  # noqa: E731
-    g_kl = None if ref_logp is None else zeros(g_kl)
-    grad = call_ratio_kl_bwd(zeros(g_lr), zeros(g_ratio), g_kl, logp, old_logp, ref_logp, mask,
-                             ctx.kl_estimator, ctx.log_ratio_clamp)
+    dense = lambda g: None if g is None else g.contiguous()  # noqa: E731
+    grad = call_ratio_kl_bwd(dense(g_lr), dense(g_ratio), None if ref_logp is None else dense(g_kl), logp,
+                             old_logp, ref_logp, mask, ctx.kl_estimator, ctx.log_ratio_clamp)
     return grad, None, None, None, None, None
 
 
