@@ -141,6 +141,7 @@ def _t(*shape, dtype=torch.bfloat16):
 def cases():
     """(name, kernel, args, num_warps, num_stages[, launch options]) for the kernels with GPU-unverified
     changes and a verified control (the linear_logp forward on descriptors, measured on the H200)."""
+    from rlk_triton.ops import advantages as adv
     from rlk_triton.ops import linear_logp as ll
     from rlk_triton.ops import matmul as mm
     from rlk_triton.ops import rl_losses as rl
@@ -217,6 +218,19 @@ def cases():
     out.append(("rl _policy_loss_fold_kernel", rl._policy_loss_fold_kernel,
                 dict(tile_stats_ptr=_t(64, 8, ns, dtype=f32), row_stats_ptr=_t(64, ns, dtype=f32), B=64, n_tiles=8,
                      BLOCK_B=fold.block_v), fold.num_warps, 1))
+    # ratio_kl's backward with an output's gradient absent (None: a zero tile in the kernel)
+    c = configs.lookup_fixed("rl_ratio_kl_bwd", "sm90")
+    for tag, g in (("", x), (" (only kl's gradient)", None)):
+        out.append((f"rl_losses _ratio_kl_bwd_kernel{tag}", rl._ratio_kl_bwd_kernel,
+                    dict(g_lr_ptr=g, g_ratio_ptr=g, g_kl_ptr=x, logp_ptr=x, old_ptr=x, ref_ptr=x,
+                         mask_ptr=token["mask_ptr"], grad_ptr=x, T=8192, clamp=20.0, HAS_MASK=True, HAS_CLAMP=False,
+                         HAS_REF=True, KL_EST=2, BLOCK_T=c.block_v), c.num_warps, c.num_stages))
+    # GAE writes its rows' tails itself (no zero fill), and takes no bootstrap tensor as 0
+    c = configs.lookup_fixed("gae", "sm90")
+    for tag, boot in (("", _t(64, dtype=f32)), (" (no bootstrap values)", None)):
+        out.append((f"advantages _gae_kernel{tag}", adv._gae_kernel,
+                    dict(rew_ptr=x, val_ptr=x, mask_ptr=token["mask_ptr"], boot_ptr=boot, adv_ptr=x, ret_ptr=x, T=8192,
+                         stride_row=8192, gamma=0.99, lam=0.95, BLOCK_T=c.block_v), c.num_warps, c.num_stages))
     for H in (4096, 8192):
         cfg = configs.lookup("rmsnorm_fwd", "sm90", bf, H)
         block = rn.hidden_tile(cfg, H)
@@ -231,8 +245,8 @@ def cases():
 
 
 def attention_cases():
-    """The attention kernels at D = 128, bf16, with their locked sm90 configs, and candidates for the GPU's
-    sweeps (dk / dv scores_t, the D = 64 forward's register cap)."""
+    """The attention kernels at D = 128, bf16, with their locked sm90 configs; the plain decode step; and
+    candidates for the GPU's sweeps (dk / dv scores_t, the D = 64 forward's and dq's register cap)."""
     from rlk_triton.ops import attention as at
 
     bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
@@ -316,24 +330,6 @@ def attention_cases():
                          at._bwd_dq_kernel, dict(bwd_args(64), BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=split,
                                                  HEAVY_FIRST=c.heavy_first),
                          c.num_warps, c.num_stages, {"maxnreg": cap} if cap else {}))
-    # GAE writes its rows' tails itself (no zero fill), and takes no bootstrap tensor as 0
-    from rlk_triton.ops import advantages as adv
-
-    g = configs.lookup_fixed("gae", "sm90")
-    r, m = _t(64, 4096, dtype=f32), _t(64, 4096, dtype=torch.uint8)
-    for tag, boot in (("", _t(64, dtype=f32)), (" (no bootstrap values)", None)):
-        rows.append((f"advantages _gae_kernel{tag}", adv._gae_kernel,
-                     dict(rew_ptr=r, val_ptr=r, mask_ptr=m, boot_ptr=boot, adv_ptr=r, ret_ptr=r, T=4096, stride_row=4096,
-                          gamma=0.99, lam=0.95, BLOCK_T=g.block_v), g.num_warps, g.num_stages))
-    # ratio_kl's backward with an output's gradient absent (None: a zero tile in the kernel)
-    from rlk_triton.ops import rl_losses as rl
-
-    c = configs.lookup_fixed("rl_ratio_kl_bwd", "sm90")
-    for tag, g_lr, g_ratio in (("", r, r), (" (only kl's gradient)", None, None)):
-        rows.append((f"rl_losses _ratio_kl_bwd_kernel{tag}", rl._ratio_kl_bwd_kernel,
-                     dict(g_lr_ptr=g_lr, g_ratio_ptr=g_ratio, g_kl_ptr=r, logp_ptr=r, old_ptr=r, ref_ptr=r, mask_ptr=m,
-                          grad_ptr=r, T=4096, clamp=20.0, HAS_MASK=True, HAS_CLAMP=False, HAS_REF=True, KL_EST=2,
-                          BLOCK_T=c.block_v), c.num_warps, c.num_stages))
     return rows
 
 
