@@ -31,6 +31,19 @@ def device():
     return DEVICE
 
 
+@pytest.fixture
+def nan_filled_buffers(monkeypatch):
+    """A call that, for the rest of the test, pre-fills every new floating-point torch.empty / empty_like
+    buffer with NaN: an output element a kernel leaves unwritten then shows (no zero fill hides it)."""
+    def arm():
+        for name in ("empty", "empty_like"):
+            def alloc(*args, _real=getattr(torch, name), **kwargs):
+                x = _real(*args, **kwargs)
+                return x.fill_(float("nan")) if x.is_floating_point() else x
+            monkeypatch.setattr(torch, name, alloc)
+    return arm
+
+
 @pytest.fixture(scope="module")
 def ptx(request):
     """The sm_90a PTX of the test module's NATIVE_SOURCE under native/ (nvcc, the build's flags), for the

@@ -181,7 +181,7 @@ def test_gae_right_padding_changes_no_bit(device, backend):
     assert torch.equal(outs[0][0], outs[1][0][:, :700]) and torch.equal(outs[0][1], outs[1][1][:, :700])
 
 
-def test_gae_writes_every_element_and_takes_no_bootstrap_as_zero(device, monkeypatch):
+def test_gae_writes_every_element_and_takes_no_bootstrap_as_zero(device, nan_filled_buffers):
     """The kernel writes every output element, 0 past a row's last active token (the outputs get no
     zero fill), and without bootstrap values takes 0 in the kernel: the bits of a [B] of zeros."""
     r, v, m, _ = _gae_case(4, 1300, 5, device)  # 1300: the tail crosses tile edges on every device
@@ -189,12 +189,7 @@ def test_gae_writes_every_element_and_takes_no_bootstrap_as_zero(device, monkeyp
     m[1] = False  # no active token
     m[2, -1] = True  # active to the end
     ref = gae(r, v, m, gamma=0.99, lam=0.95, bootstrap_values=torch.zeros(4, device=device))
-    real = torch.empty_like
-
-    def nan_filled(*args, **kwargs):
-        x = real(*args, **kwargs)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-    monkeypatch.setattr(torch, "empty_like", nan_filled)
+    nan_filled_buffers()
     got = gae(r, v, m, gamma=0.99, lam=0.95)
     for name, a, b in zip(("advantages", "returns"), ref, got):
         assert torch.equal(a, b), name

@@ -362,7 +362,7 @@ def test_dq_register_cap_gives_the_same_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", (True, False))
-def test_every_output_and_gradient_element_is_written(device, causal, monkeypatch):
+def test_every_output_and_gradient_element_is_written(device, causal, nan_filled_buffers):
     """Neither pass zero-fills its outputs: the kernels must write every element of every sequence.
     With every new float buffer (torch.empty / empty_like) pre-filled with NaN, a pack with tails, GQA,
     a one-token and an empty sequence gives the normal run's bits (torch.equal fails on any NaN left
@@ -375,11 +375,7 @@ def test_every_output_and_gradient_element_is_written(device, causal, monkeypatc
            for L in lens]
     order = list(range(len(seqs)))
     ref = _run_pack(seqs, order, ups, device, causal=causal)
-    for name in ("empty", "empty_like"):  # the outputs, lse and the backward's delta
-        def nan_filled(*args, _alloc=getattr(torch, name), **kwargs):
-            x = _alloc(*args, **kwargs)
-            return x.fill_(float("nan")) if x.is_floating_point() else x
-        monkeypatch.setattr(torch, name, nan_filled)
+    nan_filled_buffers()  # the outputs, lse and the backward's delta
     got = _run_pack(seqs, order, ups, device, causal=causal)
     for i in order:
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), ref[i], got[i]):

@@ -240,20 +240,15 @@ def test_gspo_at_scale_gpu(feature):
 
 
 @pytest.mark.parametrize("B,T", ((4, 300), (3, 0), (0, 5)))
-def test_every_output_is_written(B, T, device, monkeypatch):
+def test_every_output_is_written(B, T, device, nan_filled_buffers):
     """The forward's buffers get no zero fill where its kernels run: with every new float buffer
-    pre-filled with NaN (torch.empty), the outputs keep their bits; rows of no tokens and an empty
+    pre-filled with NaN, the outputs keep their bits; rows of no tokens and an empty
     batch still give zeros."""
     spec = {"clip": "ppo", **GSPO_FEATURES["everything"]}
     x = gspo_inputs(max(B, 1), max(T, 1), 41, device, 0.1)
     x = {k: (v[:B] if k == "advantages" else v[:B, :T]) for k, v in x.items()}
     ref = run_gspo(x, spec)[0]
-    real = torch.empty
-
-    def nan_filled(*args, **kwargs):
-        t = real(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", nan_filled)
+    nan_filled_buffers()
     got = run_gspo(x, spec)[0]
     for name in ref:
         assert torch.equal(ref[name], got[name]), name
