@@ -129,9 +129,14 @@ def _load_rows(ptr, rows, ok, stride_t, rd, UPCAST: tl.constexpr):
 def _span(cu_ptr, i, n):
     """(start, length) of sequence i from offsets cu, clamped into [0, n): valid offsets are unchanged;
     with validate=False, offsets past the tensor or decreasing give a shorter (or empty) sequence,
-    never an index outside it."""
-    start = tl.minimum(tl.maximum(tl.load(cu_ptr + i), 0), n)
-    end = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1), start), n)
+    never an index outside it. cu_ptr None: the offsets 0, 1, 2, ... (one token per sequence, a decode
+    step) without a tensor to read."""
+    if cu_ptr is None:
+        start = tl.minimum(i, n)
+        end = tl.minimum(i + 1, n)
+    else:
+        start = tl.minimum(tl.maximum(tl.load(cu_ptr + i), 0), n)
+        end = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1), start), n)
     return start, end - start
 
 
@@ -304,11 +309,7 @@ def _decode_kernel(
     # max_seqlen_q costs time, not rows).
     b = tl.program_id(1)
     h0 = tl.program_id(2) * HEADS
-    if cuq_ptr is None:  # a decode step: new token b of sequence b (what offsets 0, 1, ..., B give)
-        q_start = tl.minimum(b, n_q)
-        n_new = tl.minimum(b + 1, n_q) - q_start
-    else:
-        q_start, n_new = _span(cuq_ptr, b, n_q)
+    q_start, n_new = _span(cuq_ptr, b, n_q)  # cuq_ptr None: a decode step, token b of sequence b
     kv_len = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b), 0), max_pages * page_size)
     for j in range(tl.program_id(0), tl.cdiv(n_new * HEADS, BLOCK_M), tl.num_programs(0)):
         _decode_row_block(q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, sq_t, sq_h, skc_p, skc_s, skc_h,
