@@ -251,13 +251,12 @@ def _slp_bwd_vec(logits) -> int:
     return full if logits.stride(0) % full == 0 and V % full == 0 and logits.data_ptr() % 16 == 0 else 1
 
 
-# The native backward's launch geometry (native/selected_logp_kernels.cu: BWD_THREADS, bwd_unroll), for
-# the harnesses that run its PTX in the emulator: threads a block, and vectors a thread.
-SLP_BWD_THREADS = 64
-
-
-def slp_bwd_unroll(vec: int) -> int:
-    return 16 if vec == 1 else 4
+def slp_bwd_launch(V: int, vec: int) -> tuple[int, int, int]:
+    """(vectors a thread, threads a block, blocks a row) of the native backward's launch
+    (native/selected_logp_kernels.cu: bwd_unroll, BWD_THREADS, launch_bwd), for the harnesses that run
+    its PTX in the emulator."""
+    unroll, threads = (16 if vec == 1 else 4), 64
+    return unroll, threads, -(-V // (threads * unroll * vec))
 
 
 def _slp_upstream(n, with_entropy, device):

@@ -401,10 +401,11 @@ def slp_bwd_case(module: str, dtype, V: int, n: int, seed: int, row_stride=None,
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, row_stride, ta, ra if row_index else 0, tra if per_row_t else 0,
                        temperature, ma, sa, ea if entropy else 0, gla, gea if entropy else 0, oa, V, -100, total_rows,
                        0, 0)
-    code = emu.entry(module, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELi{native.slp_bwd_unroll(vec)}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
+    unroll, threads, blocks = native.slp_bwd_launch(V, vec)
+    code = emu.entry(module, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELi{unroll}ELb{int(entropy)}ELb{int(row_index)}ELb{int(per_row_t)}EEEvNS_7BwdArgsE")
     for r in range(n):
-        for b in range(-(-V // (vec * native.SLP_BWD_THREADS * native.slp_bwd_unroll(vec)))):
-            emu.run_cta(code, native.SLP_BWD_THREADS, [args], mem.buf, (r, b))
+        for b in range(blocks):
+            emu.run_cta(code, threads, [args], mem.buf, (r, b))
     got = mem.get(oa, total_rows * V, dtype)
     ints = torch.int32 if dtype == torch.float32 else torch.int16
     same = torch.equal(want.view(ints), got.view(ints))

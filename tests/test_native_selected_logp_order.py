@@ -258,10 +258,11 @@ def test_native_selected_logp_backward_ptx_computes_in_the_documented_order(ptx,
     oa = mem.put(torch.zeros(n * V, dtype=dtype))
     args = struct.pack("<QqQQQf4xQQQQQQqqqii", la, V, ta, 0, 0, 0.7, ma, sa, ea if entropy else 0, gla,
                        gea if entropy else 0, oa, V, -100, n, 0, 0)
-    code = emu.entry(ptx, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELi{native.slp_bwd_unroll(vec)}ELb{int(entropy)}ELb0ELb0EE")
+    unroll, threads, blocks = native.slp_bwd_launch(V, vec)
+    code = emu.entry(ptx, f"slp_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{vec}ELi{unroll}ELb{int(entropy)}ELb0ELb0EE")
     for r in range(n):
-        for b in range(-(-V // (vec * native.SLP_BWD_THREADS * native.slp_bwd_unroll(vec)))):
-            emu.run_cta(code, native.SLP_BWD_THREADS, [args], mem.buf, (r, b))
+        for b in range(blocks):
+            emu.run_cta(code, threads, [args], mem.buf, (r, b))
     got = mem.get(oa, n * V, dtype).view(n, V)
     num, rcp = _div_parts(F(1), F(0.7))
     inv_t = F(num * rcp)
