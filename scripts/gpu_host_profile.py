@@ -8,13 +8,15 @@ Wall times are per call: n calls from the host, one sync at the end (rlk_triton.
 "launch probe" rows: for each Triton launch a call makes (recorded once), the JIT launch
 (kernel[grid](...): argument binding, specialization, cache key) against the same compiled kernel's
 launcher called directly with the bound arguments (the floor) and against rlk_triton.ops.launch's
-cached launch, outputs preallocated.
+cached launch, outputs preallocated. "sync probe" rows: whether a fwd+bwd call waits for the device
+(a sleep kernel queued first; see sync_probe).
 """
 import argparse
 import cProfile
 import io
 import json
 import pstats
+import time
 
 import torch
 import triton
@@ -80,6 +82,40 @@ def launch_probe(name, fn):
     return rows
 
 
+def sync_probe(name, fn, n=20, sleep_cycles=60_000_000):
+    """Does one call of fn wait for the device? A long sleep kernel goes first on the stream, then n calls
+    from the host: a call that synchronizes (a copy to the host, an allocator free, an engine wait) cannot
+    return before the sleep ends, so the n calls take at least the sleep; otherwise they take n x the host
+    time alone. Also lists the synchronizing torch calls that torch's sync debug mode sees."""
+    import warnings
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(sleep_cycles)
+    torch.cuda.synchronize()
+    sleep_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda._sleep(sleep_cycles)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return {"call": f"sync probe: {name}", "sleep_ms": sleep_ms, "calls": n, "host_ms_per_call": host_ms / n,
+            "device_still_busy_after_calls": still_busy, "waited_for_device": host_ms >= 0.9 * sleep_ms,
+            "sync_debug_warnings": sorted({str(w.message)[:200] for w in seen})}
+
+
 def _profile(fn, n=300):
     for _ in range(20):
         fn()
@@ -110,6 +146,9 @@ def main():
     up = torch.randn_like(x)
     t1 = torch.randn(16, device="cuda", requires_grad=True)
     c1 = torch.randn(16, requires_grad=True)
+    xg4 = torch.randn(16384, 4096, device="cuda", generator=g).to(bf).requires_grad_()
+    up4 = torch.randn_like(xg4)
+    kept = rms_norm(xg, wg)
     ppo = cases._policy_loss(256, 4096, torch.float32, "cuda", True).rlk  # the issue's PPO case
 
     def torch_rms(x, w):
@@ -125,6 +164,9 @@ def main():
         "rms_norm fwd 1 x 4096": lambda: rms_norm(xs, w),
         "rms_norm fwd 4096 x 4096": lambda: rms_norm(x, w),
         "rms_norm fwd+bwd 4096 x 4096": lambda: torch.autograd.grad(rms_norm(xg, wg), (xg, wg), up),
+        "rms_norm fwd+bwd 16384 x 4096": lambda: torch.autograd.grad(rms_norm(xg4, wg), (xg4, wg), up4),
+        "rms_norm backward alone (autograd.grad, graph kept) 4096 x 4096":
+            lambda: torch.autograd.grad(kept, (xg, wg), up, retain_graph=True),
         "torch eager rmsnorm fwd+bwd 4096 x 4096": lambda: torch.autograd.grad(torch_rms(xg, wg), (xg, wg), up),
         "policy_loss fwd+bwd 256 x 4096 (PPO dual clip, k3 KL, TIS)": ppo,
     }
@@ -145,6 +187,12 @@ def main():
             except Exception as ex:  # noqa: BLE001 - reported
                 rows.append({"call": f"launch probe: {c.op} {c.shape}", "error": repr(ex)[:400]})
             print(rows[-1], flush=True)
+    for name in [k for k in calls if "fwd+bwd" in k or "backward" in k or k.startswith("autograd")]:
+        try:
+            rows.append(sync_probe(name, calls[name]))
+        except Exception as ex:  # noqa: BLE001 - reported
+            rows.append({"call": f"sync probe: {name}", "error": repr(ex)[:400]})
+        print(rows[-1], flush=True)
     for name, fn in calls.items():
         try:
             row = {"call": name, "wall_ms": bench.wall_ms(fn), "device_ms": bench.graph_ms(fn) if "cpu" not in name else None}
