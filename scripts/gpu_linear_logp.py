@@ -39,7 +39,7 @@ def main():
                     help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
-    ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes")
+    ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes and the bound's four GEMMs")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
     ap.add_argument("--shapes", nargs="*", default=None, metavar="NxHxV",
@@ -124,8 +124,10 @@ def main():
                     print(report["chunk_sweep"][-1], flush=True)
             configs.LOCKED_CONFIGS[key] = locked
             configs.LOCKED_CONFIGS[dh_key] = dh_locked
-            for saved in ("recompute", "logits") if args.profile else ():
-                step = fb(partial(linear_logp, validate=False, saved=saved))
+            for saved in ("recompute", "logits", "four_gemm_bound") if args.profile else ():
+                # the bound's own kernels beside ours: which of our passes falls short of its cuBLAS GEMM
+                step = (partial(gemms, 4) if saved == "four_gemm_bound"
+                        else fb(partial(linear_logp, validate=False, saved=saved)))
                 step()
                 torch.cuda.synchronize()
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
