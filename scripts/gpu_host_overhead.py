@@ -8,7 +8,8 @@ path), same process.
 Per case: device time (the call captured in a CUDA graph), wall time per call from the host (one sync
 at the end) on each path, and the host-overhead target max(1.25 x device, device + 30 us). The
 suite's --quick cases of every family, then the shapes named by the host-overhead issue (policy_loss
-fwd+bwd [256 x 4096] beside eager torch, rms_norm fwd+bwd [16384 x 4096], selected_logp at 1 row).
+fwd+bwd [256 x 4096] beside eager torch, rms_norm fwd+bwd [16384 x 4096], selected_logp at 1 row), and
+rms_norm fwd+bwd with 8 calls chained into one backward (times per call: what a model's layer pays).
 The JSON is rewritten after every case, so a time-boxed run keeps what it measured.
 """
 from __future__ import annotations
@@ -34,6 +35,33 @@ def _path(name: str) -> None:
     launch.ENABLED = name != "no launch cache"
 
 
+def _rmsnorm_chain(N: int, H: int, k: int):
+    """k rms_norms in a row and one backward through all of them, as in a model: autograd's engine
+    (about 115 us of host time a backward on the H200's host, docs/reports/h200-host-profile-launch-
+    2026-12-04.json) is paid once per backward, not once per op, as a lone op's fwd+bwd row pays it."""
+    from types import SimpleNamespace
+
+    from rlk_triton.ops.rmsnorm import rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    ws = [(1 + 0.1 * torch.randn(H, device="cuda", generator=g)).to(torch.bfloat16).requires_grad_() for _ in range(k)]
+    up = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
+
+    def chain(norm):
+        y = x
+        for w in ws:
+            y = norm(y, w)
+        return torch.autograd.grad(y, [x] + ws, up)
+
+    def eager_norm(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    return SimpleNamespace(rlk=lambda: chain(rms_norm),
+                           baselines=[SimpleNamespace(kind="eager", fn=lambda: chain(eager_norm))])
+
+
 def _target_ms(dev: float) -> float:
     return max(1.25 * dev, dev + 0.030)
 
@@ -51,8 +79,10 @@ def main() -> int:
         ("rmsnorm", "fwd+bwd [16384 x 4096] (issue target)", lambda: cases._rmsnorm(16384, 4096, False, "fwd+bwd", True, bf16, "cuda", True)),
         ("selected_logp", "fwd [1 x 151936] (issue target)", lambda: cases._selected_logp(1, 151936, "fwd", False, bf16, "cuda", True)),
     ]
+    named.append(("rmsnorm", "fwd+bwd [16384 x 4096], 8 chained, per call", lambda: _rmsnorm_chain(16384, 4096, 8), 8))
     todo = named + [(c.op, c.name, (lambda c=c: c.build("cuda", True))) for c in cases.select(None, "quick")]
-    for op, label, build in todo:
+    for op, label, build, *per_step in todo:
+        k = per_step[0] if per_step else 1  # calls in one timed step: every time below is per call
         if time.time() - t0 > args.time_box:
             report.setdefault("not_run", []).append(f"{op} {label}")
             continue
@@ -60,18 +90,21 @@ def main() -> int:
             bound = build()
             _path("eager")
             dev, clock = device_ms(bound.rlk, "cuda")
+            dev /= k
             walls = {}
             # eager twice: the first one warms up every path
             for name in ("eager", "no launch cache", "dispatcher", "eager"):
                 _path(name)
-                walls[name] = timing.wall_ms(bound.rlk, device="cuda")
+                walls[name] = timing.wall_ms(bound.rlk, device="cuda") / k
             row = {"op": op, "case": label, "device_ms": dev, "clock": clock, "wall_eager_ms": walls["eager"],
                    "wall_eager_no_launch_cache_ms": walls["no launch cache"],
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
                    "meets_target": walls["eager"] <= _target_ms(dev)}
             for b in bound.baselines:
                 if b.kind == "eager":
-                    row["torch_eager_wall_ms"] = timing.wall_ms(b.fn, device="cuda")
+                    row["torch_eager_wall_ms"] = timing.wall_ms(b.fn, device="cuda") / k
+            if k > 1:
+                row["calls_per_step"] = k
             report["rows"].append(row)
             print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
                   f"{walls['no launch cache']:8.4f}  dispatcher "
