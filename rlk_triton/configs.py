@@ -97,9 +97,10 @@ class MatmulConfig:
     # program's softmax runs beside the other's MMAs. Larger heads keep the compiler's choice: D 128
     # (223 registers, 129 KB of shared memory) has no room for a second program, and capped it ran
     # 0.79x; D 256 does not compile under 128 (docs/reports/h100-attention-fwd-levers-2026-12-05.json).
-    # The dq kernel takes the same field (off in every row, a lever not yet timed): at D 64 its locked
-    # row uses 170 registers (216 with the whole-block loops), one program per SM; capped at 128, 64
-    # (80) B of spills and two programs per SM (82 KB of shared memory each).
+    # The dq kernel takes the same field, 128 in the sm90 2-byte d<=128 row: at D 64 it uses 170
+    # registers uncapped (216 with the whole-block loops), one program per SM; capped at 128, 64 (80) B
+    # of spills and two programs per SM (82 KB of shared memory each): the D 64 backward 1.05x, the
+    # same bits (docs/reports/h100-attention-levers-2026-12-05.json).
     maxnreg_d64: int = 0
 
 
@@ -337,8 +338,12 @@ def _matmul_rows():
                 # 1.05x at D=256, 1.02x on a 64..4096 mix, 1.01x at 16 x 2048; at 1024 it costs 10% at
                 # 64 x 1024 (h200-attention-split-thresholds-2026-12-04.json)
                 split = 2048 if arch == "sm90" and dt != "float32" else 0
+                # dq's register cap at D <= 64 (two programs per SM): the D 64 backward 9.20 -> 8.74 ms
+                # (1.05x) at 4 x 8192, the same bits (docs/reports/h100-attention-levers-2026-12-05.json)
                 for kernel, b in zip(("attention_bwd_dkdv", "attention_bwd_dq"), bwd[bucket]):
-                    t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split)
+                    cap = 128 if kernel == "attention_bwd_dq" and hopper_2byte and bucket == "d<=128" else 0
+                    t[(kernel, arch, dt, bucket)] = MatmulConfig(b[0], b[1], 0, 1, b[2], b[3], split_min_len=split,
+                                                                 maxnreg_d64=cap)
     for dt in _DTYPES:  # interpreter: 16 x 16 tiles so tiny tests still cover several blocks
         for kernel in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"):
             for bucket in ("d<=128", "d256"):

@@ -141,7 +141,8 @@ def main():
         dq_locked = ops._cfg("attention_bwd_dq", q)
         bwd_variants = [("locked", {}), ("dq heavy_first", {"dq": dataclasses.replace(dq_locked, heavy_first=True)})]
         if d <= 64:  # configs maxnreg_d64 on the dq row: two programs per SM (ptxas: 170 -> 128 registers)
-            bwd_variants.append(("dq maxnreg 128", {"dq": dataclasses.replace(dq_locked, maxnreg_d64=128)}))
+            other = 0 if dq_locked.maxnreg_d64 else 128  # the locked row's cap against the other choice
+            bwd_variants.append((f"dq maxnreg {other or 'off'}", {"dq": dataclasses.replace(dq_locked, maxnreg_d64=other)}))
         for name, rows in bwd_variants:
             if time.time() - t0 > args.time_box:
                 report.setdefault("not_run", []).append(f"{shape}: backward {name}")
