@@ -283,7 +283,9 @@ def test_register_cap_only_at_small_heads(monkeypatch):
     from rlk_triton.ops import attention as ops
 
     cfg = configs.lookup_attention("attention_fwd", "sm90", torch.bfloat16, 64)
-    assert cfg.maxnreg_d64 == 128  # the locked sm90 2-byte row
+    assert cfg.maxnreg_d64 == 128  # the locked sm90 2-byte rows: the forward's and dq's, never dk / dv's
+    assert configs.lookup_attention("attention_bwd_dq", "sm90", torch.bfloat16, 64).maxnreg_d64 == 128
+    assert configs.lookup_attention("attention_bwd_dkdv", "sm90", torch.bfloat16, 64).maxnreg_d64 == 0
     monkeypatch.setattr(ops, "interpreter_active", lambda: False)
     assert [ops.register_cap(cfg, d) for d in (32, 64, 96, 128, 256)] == [{"maxnreg": 128}] * 2 + [{}] * 3
     assert ops.register_cap(dataclasses.replace(cfg, maxnreg_d64=0), 64) == {}
