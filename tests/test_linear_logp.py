@@ -159,12 +159,14 @@ def test_dhidden_fold_in_memory_gives_the_same_bits(device, monkeypatch):
     folds, runs = [], []
     kernel = mm._matmul_desc_kernel
 
-    def spy(grid, *args, **meta):  # which fold each d hidden launch takes
-        folds.append((meta.get("FOLD_K"), meta.get("FOLD_MEM")))
-        return kernel[grid](*args, **meta)
+    class Spy:  # records which fold each d hidden launch takes
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                folds.append((meta.get("FOLD_K"), meta.get("FOLD_MEM")))
+                return kernel[grid](*args, **meta)
+            return run
 
-    monkeypatch.setattr(mm, "_matmul_desc_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        lambda *a, **m: spy(grid, *a, **m))})())
+    monkeypatch.setattr(mm, "_matmul_desc_kernel", Spy())
     for fold_mem in (False, True):
         monkeypatch.setitem(configs.LOCKED_CONFIGS, dh_key, dataclasses.replace(
             configs.LOCKED_CONFIGS[dh_key], persistent_tma=True, fold_mem=fold_mem))
