@@ -244,9 +244,6 @@ def _matmul_desc_kernel(
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        k_first = K
-        if FOLD_K:
-            k_first = tl.minimum(K, FOLD_K)
         if FOLD_MEM:  # the chain of K ranges with its running total in C_in's tile (module doc)
             for k0 in range(0, K - FOLD_K, FOLD_K):  # every range but the last: C_in = C_in + dot
                 part = dot_tile_desc(a_desc, b_desc, m0, n0, k0 + FOLD_K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST,
@@ -255,10 +252,10 @@ def _matmul_desc_kernel(
                                 BLOCK_M, BLOCK_N)
                 tl.debug_barrier()  # this tile's stores are visible to every thread's next load of it
             acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE,
-                                ((K - 1) // FOLD_K) * FOLD_K)
-        else:
-            acc = dot_tile_desc(a_desc, b_desc, m0, n0, k_first, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
-        if FOLD_K and not FOLD_MEM:  # the chain of K ranges (module doc); C_in enters after the first range
+                                ((K - 1) // FOLD_K) * FOLD_K)  # the last range; the epilogue adds C_in
+        elif FOLD_K:  # the chain of K ranges in registers (module doc); C_in enters after the first range
+            acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
+                                UPCAST, IEEE)
             if ACCUMULATE:
                 om = m0 + tl.arange(0, BLOCK_M)
                 on = n0 + tl.arange(0, BLOCK_N)
@@ -267,6 +264,8 @@ def _matmul_desc_kernel(
             for k0 in range(FOLD_K, K, FOLD_K):
                 acc = acc + dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, k0 + FOLD_K), BLOCK_M, BLOCK_N,
                                           BLOCK_K, B_T, UPCAST, IEEE, k0)
+        else:
+            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
         ADD_C_IN: tl.constexpr = (ACCUMULATE and not FOLD_K) or FOLD_MEM
         _store_quarters(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N, ADD_C_IN, HAS_BIAS,
                         BLOCK_M, BLOCK_N)
