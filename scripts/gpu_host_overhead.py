@@ -54,12 +54,8 @@ def _rmsnorm_chain(N: int, H: int, k: int):
             y = norm(y, w)
         return torch.autograd.grad(y, [x] + ws, up)
 
-    def eager_norm(x, w):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-
     return SimpleNamespace(rlk=lambda: chain(rms_norm),
-                           baselines=[SimpleNamespace(kind="eager", fn=lambda: chain(eager_norm))])
+                           baselines=[SimpleNamespace(kind="eager", fn=lambda: chain(cases._eager_rmsnorm))])
 
 
 def _target_ms(dev: float) -> float:
