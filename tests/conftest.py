@@ -44,6 +44,23 @@ def nan_filled_buffers(monkeypatch):
     return arm
 
 
+@pytest.fixture
+def kernel_spy(monkeypatch):
+    """spy(module, name, see): for the rest of the test, each launch `module.name[grid](*args, **meta)`
+    first calls see(name, meta), which may record or edit the launch options, then launches."""
+    def spy(module, name, see):
+        kernel = getattr(module, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **meta):
+                    see(name, meta)
+                    return kernel[grid](*args, **meta)
+                return launch
+        monkeypatch.setattr(module, name, Spy())
+    return spy
+
+
 @pytest.fixture(scope="module")
 def ptx(request):
     """The sm_90a PTX of the test module's NATIVE_SOURCE under native/ (nvcc, the build's flags), for the

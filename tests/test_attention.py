@@ -293,28 +293,20 @@ def test_register_cap_only_at_small_heads(monkeypatch):
     assert ops.register_cap(cfg, 64) == {}
 
 
-def test_register_cap_reaches_the_forward_and_dq_launches(device, monkeypatch):
+def test_register_cap_reaches_the_forward_and_dq_launches(device, monkeypatch, kernel_spy):
     """The plumbing of configs maxnreg_d64: with the rows carrying it, the forward's and dq's launches
     ask for the cap at D <= 64 and not at D 128; dk / dv's never does."""
     from rlk_triton.ops import attention as ops
 
     asked = []
 
-    def spy(name):
-        kernel = getattr(ops, name)
-
-        class Spy:
-            def __getitem__(self, grid):
-                def call(*args, **meta):
-                    asked.append((name, meta.get("maxnreg")))
-                    if device == "cpu":
-                        meta.pop("maxnreg", None)  # the interpreter has no registers to cap
-                    return kernel[grid](*args, **meta)
-                return call
-        monkeypatch.setattr(ops, name, Spy())
+    def see(name, meta):
+        asked.append((name, meta.get("maxnreg")))
+        if device == "cpu":
+            meta.pop("maxnreg", None)  # the interpreter has no registers to cap
 
     for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
-        spy(name)
+        kernel_spy(ops, name, see)
     monkeypatch.setattr(ops, "interpreter_active", lambda: False)  # on the CPU: what a GPU launch asks
     _with_rows(monkeypatch, device, torch.bfloat16, ("attention_fwd", "attention_bwd_dq"), maxnreg_d64=128)
     gen = torch.Generator().manual_seed(2)

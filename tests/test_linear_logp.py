@@ -137,7 +137,7 @@ def test_chunks_per_pass_gives_the_chunk_by_chunk_bits(device, saved, monkeypatc
             assert torch.equal(x, y)
 
 
-def test_dhidden_fold_in_memory_gives_the_same_bits(device, monkeypatch):
+def test_dhidden_fold_in_memory_gives_the_same_bits(device, monkeypatch, kernel_spy):
     """configs fold_mem on linear_logp_dhidden (matmul FOLD_MEM: the vocab chunks' running fp32 total
     kept in the d hidden accumulator's tile between chunks, not in a second register tile): every
     gradient keeps its bits, on the descriptor kernel, over passes of several chunks (a vocab tail,
@@ -157,16 +157,7 @@ def test_dhidden_fold_in_memory_gives_the_same_bits(device, monkeypatch):
     hidden, weight, _, targets = build_linear_case(LinearCase(n, h, v, dtype, seed=13), device)
     g = torch.randn(n, device=device)
     folds, runs = [], []
-    kernel = mm._matmul_desc_kernel
-
-    class Spy:  # records which fold each d hidden launch takes
-        def __getitem__(self, grid):
-            def run(*args, **meta):
-                folds.append((meta.get("FOLD_K"), meta.get("FOLD_MEM")))
-                return kernel[grid](*args, **meta)
-            return run
-
-    monkeypatch.setattr(mm, "_matmul_desc_kernel", Spy())
+    kernel_spy(mm, "_matmul_desc_kernel", lambda _, meta: folds.append((meta.get("FOLD_K"), meta.get("FOLD_MEM"))))
     for fold_mem in (False, True):
         monkeypatch.setitem(configs.LOCKED_CONFIGS, dh_key, dataclasses.replace(
             configs.LOCKED_CONFIGS[dh_key], persistent_tma=True, fold_mem=fold_mem))
