@@ -58,11 +58,6 @@ class MatmulConfig:
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
     persistent_tma: bool = False
-    # linear_logp_dhidden: the vocab chunks' running fp32 total kept in the d hidden accumulator's tile
-    # between chunks (matmul FOLD_MEM) instead of a second register tile: one 128 x 256 accumulator
-    # live instead of two, spills 176 -> 8 B a thread (ptxas, triton 3.6, sm90). The same bits; off
-    # until timed.
-    fold_mem: bool = False
     # attention_decode: q heads per program, a divisor of the GQA group; 0 = the whole group (the kv
     # head's K / V read once for all of its q heads). Which rows share a tile, never a row's math.
     q_heads: int = 0

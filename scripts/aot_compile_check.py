@@ -180,13 +180,10 @@ def cases():
                      BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, PIECES=8), dl.num_warps, 1))
     # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
     fold = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf).chunk_v
-    for label, kernel_key, b_t, out_dtype, acc, fold_k, *fold_mem in (
+    for label, kernel_key, b_t, out_dtype, acc, fold_k in (
             ("d hidden tiles, fp32 accumulator", "linear_logp_dhidden", False, f32, True, 0),
             ("d hidden tiles, vocab chunks folded (FOLD_K), fp32 accumulator", "linear_logp_dhidden", False, f32,
              True, fold),
-            # configs fold_mem: the chunks' running total in C_in's tile (one accumulator live, not two)
-            ("d hidden tiles, vocab chunks folded in C_in (FOLD_MEM), fp32 accumulator", "linear_logp_dhidden",
-             False, f32, True, fold, True),
             ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul", True, bf, False, 0)):
         cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
         a_op, b_op = _t(256, 4096), _t(4096, 4096)
@@ -199,7 +196,7 @@ def cases():
                          bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
                          ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t,
                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                         FOLD_K=fold_k, FOLD_MEM=bool(fold_mem)),
+                         FOLD_K=fold_k),
                     cfg.num_warps, cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),

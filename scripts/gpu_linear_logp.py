@@ -35,11 +35,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--time-box", type=float, default=1e9)
-    ap.add_argument("--sweep", nargs="*", default=[], metavar="CHUNK_V:PER_PASS[:BN:BK:STAGES[:FOLD_MEM]]",
+    ap.add_argument("--sweep", nargs="*", default=[], metavar="CHUNK_V:PER_PASS[:BN:BK:STAGES]",
                     help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
-                         "with d hidden's tiles (block_n, block_k, stages) and its fold_mem (0 / 1: the chunks' "
-                         "running total in the accumulator's tile, the same bits)")
+                         "with d hidden's tiles (block_n, block_k, stages)")
     ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes and the bound's four GEMMs")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
@@ -110,9 +109,7 @@ def main():
                 configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per,
                                                                   small_rows_chunks_per_pass=0)  # at every N
                 configs.LOCKED_CONFIGS[dh_key] = (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1],
-                                                                      num_stages=dh[2],
-                                                                      fold_mem=bool(dh[3]) if len(dh) > 3 else
-                                                                      dh_locked.fold_mem) if dh else dh_locked)
+                                                                      num_stages=dh[2]) if dh else dh_locked)
                 for saved in ("recompute", "logits"):
                     fn = partial(linear_logp, validate=False, saved=saved)
                     grads = fb(fn)()

@@ -137,38 +137,6 @@ def test_chunks_per_pass_gives_the_chunk_by_chunk_bits(device, saved, monkeypatc
             assert torch.equal(x, y)
 
 
-def test_dhidden_fold_in_memory_gives_the_same_bits(device, monkeypatch, kernel_spy):
-    """configs fold_mem on linear_logp_dhidden (matmul FOLD_MEM: the vocab chunks' running fp32 total
-    kept in the d hidden accumulator's tile between chunks, not in a second register tile): every
-    gradient keeps its bits, on the descriptor kernel, over passes of several chunks (a vocab tail,
-    a last pass of fewer chunks)."""
-    import dataclasses
-
-    from rlk_triton.ops import matmul as mm
-
-    dtype = torch.bfloat16  # descriptors take 2-byte operands
-    arch = arch_of(torch.device(device))
-    key = ("linear_logp_dlogits", configs.table_arch(arch, "linear_logp_dlogits"), "bfloat16", "any")
-    dh_key = ("linear_logp_dhidden", configs.table_arch(arch, "linear_logp_dhidden"), "bfloat16", "any")
-    C = configs.LOCKED_CONFIGS[key].chunk_v
-    monkeypatch.setitem(configs.LOCKED_CONFIGS, key, dataclasses.replace(
-        configs.LOCKED_CONFIGS[key], chunks_per_pass=2, small_rows_chunks_per_pass=0))
-    n, h, v = (29, 48, 5 * C + 44) if device == "cpu" else (300, 520, 5 * C + 300)
-    hidden, weight, _, targets = build_linear_case(LinearCase(n, h, v, dtype, seed=13), device)
-    g = torch.randn(n, device=device)
-    folds, runs = [], []
-    kernel_spy(mm, "_matmul_desc_kernel", lambda _, meta: folds.append((meta.get("FOLD_K"), meta.get("FOLD_MEM"))))
-    for fold_mem in (False, True):
-        monkeypatch.setitem(configs.LOCKED_CONFIGS, dh_key, dataclasses.replace(
-            configs.LOCKED_CONFIGS[dh_key], persistent_tma=True, fold_mem=fold_mem))
-        leaves = [x.detach().clone().requires_grad_() for x in (hidden, weight)]
-        (linear_logp(*leaves, targets) * g).sum().backward()
-        runs.append([x.grad for x in leaves])
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
-    assert (C, True) in folds and (C, False) in folds  # both folds ran, the memory one on later passes
-
-
 def test_small_calls_take_the_small_rows_chunks_per_pass():
     """configs.small_rows_chunks_per_pass: calls of at most SMALL_PASS_ROWS rows take it, larger ones
     the table's chunks_per_pass (the bits are the same either way: the test above)."""

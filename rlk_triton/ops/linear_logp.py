@@ -469,8 +469,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
             out = torch.empty((N, H), dtype=torch.float32, device=dev)
         else:
             out = acc  # in place: each tile is read and written by one program
-        # chunk by chunk; with the row's fold_mem the running total lives in acc (consumed here)
-        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg, fold_k=C, fold_in_c_in=dh_cfg.fold_mem)
+        matmul_into(d, weight[c0:c0 + width], out, c_in=acc, cfg=dh_cfg, fold_k=C)  # chunk by chunk
         acc = out
         if bias is not None:
             _dbias_kernel[(cdiv(width, 1024),)](

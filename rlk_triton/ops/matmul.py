@@ -9,9 +9,7 @@ K ranges (linear_logp's vocab chunks) in a fixed order. FOLD_K does that chain i
 the K ranges [0, FOLD_K), [FOLD_K, 2 FOLD_K), ... each take dot_tile's order from zero and are added
 to the running fp32 total in increasing order, (((C_in + dot_0) + dot_1) + ...), the bits of one
 launch per range with C_in = the previous launch's fp32 output, without writing and reading that
-total between ranges. FOLD_MEM keeps that running total in C_in's fp32 tile instead (overwritten
-range by range: an exact fp32 store and load, so the same bits), leaving one accumulator live in
-the K loop instead of two.
+total between ranges.
 
 Tiles come from configs.lookup_matmul (kernel, arch, dtype, bucket of M). The buckets of one
 (arch, dtype) form a bit class (configs.BIT_CLASSES): every member keeps the reduction order above
@@ -233,7 +231,7 @@ def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FOLD_K: tl.constexpr = 0, FOLD_MEM: tl.constexpr = False,
+    FOLD_K: tl.constexpr = 0,
 ):
     # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
@@ -244,16 +242,7 @@ def _matmul_desc_kernel(
         pid_m, pid_n = grouped_tile(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        if FOLD_MEM:  # the chain of K ranges with its running total in C_in's tile (module doc)
-            for k0 in range(0, K - FOLD_K, FOLD_K):  # every range but the last: C_in = C_in + dot
-                part = dot_tile_desc(a_desc, b_desc, m0, n0, k0 + FOLD_K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST,
-                                     IEEE, k0)
-                _store_quarters(part, c_in_ptr, stride_cm, c_in_ptr, stride_cm, bias_ptr, m0, n0, M, N, True, False,
-                                BLOCK_M, BLOCK_N)
-                tl.debug_barrier()  # this tile's stores are visible to every thread's next load of it
-            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE,
-                                ((K - 1) // FOLD_K) * FOLD_K)  # the last range; the epilogue adds C_in
-        elif FOLD_K:  # the chain of K ranges in registers (module doc); C_in enters after the first range
+        if FOLD_K:  # the chain of K ranges in registers (module doc); C_in enters after the first range
             acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
                                 UPCAST, IEEE)
             if ACCUMULATE:
@@ -266,7 +255,7 @@ def _matmul_desc_kernel(
                                           BLOCK_K, B_T, UPCAST, IEEE, k0)
         else:
             acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
-        ADD_C_IN: tl.constexpr = (ACCUMULATE and not FOLD_K) or FOLD_MEM
+        ADD_C_IN: tl.constexpr = ACCUMULATE and not FOLD_K
         _store_quarters(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N, ADD_C_IN, HAS_BIAS,
                         BLOCK_M, BLOCK_N)
 
@@ -298,14 +287,12 @@ def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
 
 def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optional[torch.Tensor] = None,
                 cfg: Optional[configs.MatmulConfig] = None, bias: Optional[torch.Tensor] = None,
-                fold_k: int = 0, fold_in_c_in: bool = False) -> torch.Tensor:
+                fold_k: int = 0) -> torch.Tensor:
     """out = a @ b (+ c_in) (+ bias), written into `out` (any strides; may be c_in itself).
 
     fold_k (a multiple of the config's block_k; 0 = off): the K ranges of fold_k columns are summed
     as separate products chained in fp32 (module doc): the bits of one call per range, each with
-    c_in = the previous call's fp32 out (bias is not supported then). fold_in_c_in (fold_k with an fp32
-    c_in, on the descriptor kernel): the ranges' running total is kept in c_in, which the call then
-    overwrites, instead of in registers; the same bits.
+    c_in = the previous call's fp32 out (bias is not supported then).
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
@@ -340,7 +327,6 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
-            FOLD_MEM=bool(fold_k and fold_in_c_in and c_in is not None and c_in.dtype == torch.float32),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
