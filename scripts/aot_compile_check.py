@@ -178,25 +178,28 @@ def cases():
                      grad_logp_ptr=x, grad_entropy_ptr=x, d_ptr=_t(256, 1024), stride_dn=1024, dbias_part_ptr=x,
                      stride_pb=0, N=256, c0=0, chunk_width=1024, inv_t=1.0, HAS_BIAS=False, WITH_ENTROPY_GRAD=True,
                      BLOCK_M=dl.block_m, BLOCK_N=dl.block_n, PIECES=8), dl.num_warps, 1))
-    # the persistent matmul: linear_logp's d hidden (fp32 accumulator) and a linear layer (b = weight.t())
+    # the persistent matmul: linear_logp's d hidden (fp32 accumulator), a linear layer (b = weight.t())
+    # and linear_logp's d weight (a = d_logits.t())
     fold = configs.lookup_matmul("linear_logp_dlogits", "sm90", bf).chunk_v
-    for label, kernel_key, b_t, out_dtype, acc, fold_k in (
+    for label, kernel_key, b_t, out_dtype, acc, fold_k, *a_t in (
             ("d hidden tiles, fp32 accumulator", "linear_logp_dhidden", False, f32, True, 0),
             ("d hidden tiles, vocab chunks folded (FOLD_K), fp32 accumulator", "linear_logp_dhidden", False, f32,
              True, fold),
-            ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul", True, bf, False, 0)):
+            ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul", True, bf, False, 0),
+            ("matmul tiles, a = d_logits.t() (A_T), bf16 out", "matmul", False, bf, False, 0, True)):
         cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
         a_op, b_op = _t(256, 4096), _t(4096, 4096)
+        a_block = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
         b_block = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
         out.append((f"matmul _matmul_desc_kernel, {label}", mm._matmul_desc_kernel,
-                    dict(a_desc=TensorDescriptor.from_tensor(a_op, [cfg.block_m, cfg.block_k]),
+                    dict(a_desc=TensorDescriptor.from_tensor(a_op.t().contiguous() if a_t else a_op, a_block),
                          b_desc=TensorDescriptor.from_tensor(b_op, b_block),
                          c_in_ptr=_t(256, 4096, dtype=out_dtype), stride_cm=4096,
                          out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
                          bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
                          ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t,
                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                         FOLD_K=fold_k),
+                         FOLD_K=fold_k, **({"A_T": True} if a_t else {})),
                     cfg.num_warps, cfg.num_stages))
     out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),

@@ -69,8 +69,8 @@ def test_typed_errors(device):
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
     """matmul_into's persistent TMA-descriptor kernel changes loading and scheduling only: with
-    C_in accumulation, a bias, a transposed b (weight.t()), and tails in M, N and K, every output bit
-    equals the pointer kernel's."""
+    C_in accumulation, a bias, a transposed b (weight.t()), a transposed a (linear_logp's d weight,
+    d_logits.t()), and tails in M, N and K, every output bit equals the pointer kernel's."""
     import dataclasses
 
     from rlk_triton import configs
@@ -78,7 +78,7 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
     from rlk_triton.ops.matmul import matmul_into, tma_ready
 
     gen = torch.Generator().manual_seed(7)
-    M, K, N = (45, 72, 136) if device == "cpu" else (1000, 4104, 4160)
+    M, K, N = (40, 72, 136) if device == "cpu" else (1000, 4104, 4160)  # M x 2 bytes 16-aligned: A^T rows
     a = torch.randn(M, K, generator=gen).to(device, dtype)
     b = torch.randn(K, N, generator=gen).to(device, dtype)
     c_in = torch.randn(M, N, generator=gen).to(device)
@@ -87,11 +87,15 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
     base = configs.lookup_matmul("matmul", arch_of(torch.device(device)), dtype)
     outs = []
     w = b.t().contiguous()  # a linear layer's weight [N, K]: b = w.t() reaches the kernel as B^T
+    a_rows = a.t().contiguous()  # [K, M]: a = a_rows.t() reaches the kernel as A^T
+    assert tma_ready(w, a_rows)
     for flag in (False, True):
         cfg = dataclasses.replace(base, persistent_tma=flag)
         outs.append((matmul_into(a, b, torch.empty(M, N, device=device), c_in=c_in, cfg=cfg, bias=bias),
                      matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg),
-                     matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=dtype), cfg=cfg, bias=bias)))
+                     matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=dtype), cfg=cfg, bias=bias),
+                     matmul_into(a_rows.t(), b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg),
+                     matmul_into(a_rows.t(), w.t(), torch.empty(M, N, device=device), c_in=c_in, cfg=cfg)))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
 

@@ -115,16 +115,20 @@ def dot_tile(a_ptr, stride_am, stride_ak, b_ptr, stride_bk, stride_bn, rm, rn, K
 
 @triton.jit
 def dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  B_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, k_lo=0):
-    """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]); b_desc over
-    B [K, N] (blocks [BLOCK_K, BLOCK_N]) or, with B_T, over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]).
+                  B_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, k_lo=0, A_T: tl.constexpr = False):
+    """dot_tile through TMA descriptors: a_desc over A [M, K] (blocks [BLOCK_M, BLOCK_K]) or, with A_T,
+    over A^T [K, M] (blocks [BLOCK_K, BLOCK_M]); b_desc over B [K, N] (blocks [BLOCK_K, BLOCK_N]) or,
+    with B_T, over B^T [N, K] (blocks [BLOCK_N, BLOCK_K]).
     The same ascending K steps and tl.dot as dot_tile, so the same bits on every in-range element.
     Out-of-range rows, columns and the K tail load as zeros (dot_tile wraps rows / columns instead:
     those outputs are masked by every caller; a zero K tail is what dot_tile's mask loads too).
     k_lo: sum over k in [k_lo, K) only (a multiple of BLOCK_K; FOLD_K's ranges)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K - k_lo, BLOCK_K)):
-        a = a_desc.load([m0, k_lo + k * BLOCK_K])
+        if A_T:
+            a = a_desc.load([k_lo + k * BLOCK_K, m0]).T
+        else:
+            a = a_desc.load([m0, k_lo + k * BLOCK_K])
         if B_T:
             b = b_desc.load([n0, k_lo + k * BLOCK_K]).T
         else:
@@ -231,9 +235,10 @@ def _matmul_desc_kernel(
     a_desc, b_desc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, M, N, K, n_progs,
     ACCUMULATE: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FOLD_K: tl.constexpr = 0,
+    FOLD_K: tl.constexpr = 0, A_T: tl.constexpr = False,
 ):
-    # B_T: b_desc is over B^T [N, K] (a linear layer's weight), as in dot_tile_desc.
+    # B_T: b_desc is over B^T [N, K] (a linear layer's weight), A_T: a_desc over A^T [K, M] (linear_logp's
+    # d weight = d_logits^T @ hidden), as in dot_tile_desc.
     # _matmul_kernel's tiles, grid order and K order, run by n_progs persistent programs (flattened:
     # the next tile's loads overlap this tile's epilogue). The epilogue goes by column quarters
     # (column_quarters): the same bits, fewer live registers and less shared memory for its layout
@@ -244,7 +249,7 @@ def _matmul_desc_kernel(
         n0 = pid_n * BLOCK_N
         if FOLD_K:  # the chain of K ranges in registers (module doc); C_in enters after the first range
             acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
-                                UPCAST, IEEE)
+                                UPCAST, IEEE, 0, A_T)
             if ACCUMULATE:
                 om = m0 + tl.arange(0, BLOCK_M)
                 on = n0 + tl.arange(0, BLOCK_N)
@@ -252,9 +257,9 @@ def _matmul_desc_kernel(
                               mask=(om < M)[:, None] & (on < N)[None, :], other=0.0) + acc
             for k0 in range(FOLD_K, K, FOLD_K):
                 acc = acc + dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, k0 + FOLD_K), BLOCK_M, BLOCK_N,
-                                          BLOCK_K, B_T, UPCAST, IEEE, k0)
+                                          BLOCK_K, B_T, UPCAST, IEEE, k0, A_T)
         else:
-            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE)
+            acc = dot_tile_desc(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T, UPCAST, IEEE, 0, A_T)
         ADD_C_IN: tl.constexpr = ACCUMULATE and not FOLD_K
         _store_quarters(acc, c_in_ptr, stride_cm, out_ptr, stride_om, bias_ptr, m0, n0, M, N, ADD_C_IN, HAS_BIAS,
                         BLOCK_M, BLOCK_N)
@@ -296,9 +301,9 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
 
     a [M, K] and b [K, N] of one dtype, any strides; out [M, N] of any float dtype; c_in [M, N];
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
-    allow it (tma_ready, unit-stride out / c_in; a `b` that is a transposed row-major matrix, such as
-    weight.t(), is read through a descriptor over weight), else the pointer kernel: the same bits
-    either way.
+    allow it (tma_ready, unit-stride out / c_in; an `a` or `b` that is a transposed row-major matrix,
+    such as weight.t(), is read through a descriptor over that matrix), else the pointer kernel: the
+    same bits either way.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -314,20 +319,22 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     fold_k = fold_k if fold_k < K else 0  # one range: the plain kernel
     upcast, ieee = operand_flags(a.dtype)
     c = c_in if c_in is not None else out
+    a_t = a.stride(0) == 1 and a.stride(1) != 1
     b_t = b.stride(0) == 1 and b.stride(1) != 1
-    b_rows = b.t() if b_t else b  # the operand as its descriptor sees it: unit last stride
-    if cfg.persistent_tma and tma_ready(a, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
+    a_rows = a.t() if a_t else a  # the operands as their descriptors see them: unit last stride
+    b_rows = b.t() if b_t else b
+    if cfg.persistent_tma and tma_ready(a_rows, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         n_items = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         n_progs = persistent_programs(a.device, n_items)
         _matmul_desc_kernel[(n_progs,)](
-            TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(a_rows, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]),
             TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            A_T=a_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
     grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)

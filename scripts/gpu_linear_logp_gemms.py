@@ -1,0 +1,122 @@
+"""linear_logp's two gradient GEMMs alone on the GPU, at one backward pass's shapes, against cuBLAS,
+same run (issue 19: at 1024 tokens they are where the recompute path's gap to the bound is):
+
+  d weight  = d_logits^T @ hidden   [P, N] @ [N, H]: the pointer kernel (A = d_logits.t() read through
+              pointers, the path before A_T) and the descriptor kernel (A^T read through a TMA
+              descriptor over d_logits, matmul A_T), the "matmul" row's tiles both;
+  d hidden  = d_logits @ W_chunk    [N, P] @ [P, H]: the locked descriptor kernel with the pass's
+              vocab chunks folded (FOLD_K), and one K range (no fold).
+
+P is the pass's vocab width (chunk_v x chunks per pass at N). Every variant of a GEMM must give the
+first's bits (torch.equal, reported). Then linear_logp fwd + bwd with d weight on each path (the
+"matmul" rows' persistent_tma off / as locked), bits compared.
+
+    python scripts/gpu_linear_logp_gemms.py --out gemms.json --commit <sha> [--shapes 1024x4096x151936 ...]
+"""
+import argparse
+import dataclasses
+import json
+import time
+from functools import partial
+
+import torch
+import triton
+
+from rlk_triton import bench, configs
+from rlk_triton._runtime import default_arch
+from rlk_triton.logp import linear_logp
+from rlk_triton.ops.linear_logp import pass_chunks
+from rlk_triton.ops.matmul import matmul_into
+
+graph_ms = partial(bench.graph_ms, reps=3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--shapes", nargs="*", default=["1024x4096x151936", "8192x4096x151936"], metavar="NxHxV")
+    ap.add_argument("--time-box", type=float, default=1e9)
+    args = ap.parse_args()
+    t0 = time.time()
+    arch = default_arch()
+    dt = torch.bfloat16
+    rows = []
+    report = {"what": "linear_logp's gradient GEMMs (one backward pass) on our kernels against cuBLAS, and "
+                      "linear_logp fwd+bwd with d weight on the pointer / descriptor path, same run",
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    mm_keys = [k for k in configs.LOCKED_CONFIGS if k[0] == "matmul" and k[1] == configs.table_arch(arch, "matmul")
+               and k[2] == "bfloat16"]
+    dl_cfg = configs.lookup_matmul("linear_logp_dlogits", arch, dt)
+    dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch, dt)
+    mm_cfg = configs.lookup_matmul("matmul", arch, dt)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for spec in args.shapes:
+        if time.time() - t0 > args.time_box:
+            break
+        N, H, V = (int(x) for x in spec.split("x"))
+        C = dl_cfg.chunk_v
+        P = C * pass_chunks(dl_cfg, N)
+        hidden = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt)
+        w = (torch.randn(P, H, device="cuda", generator=g) * 0.02).to(dt)
+        d = (torch.randn(N, P, device="cuda", generator=g) * 1e-3).to(dt)
+        shape = f"{N} x {H} x {V} (pass width {P})"
+        flops = 2 * N * H * P
+
+        def row(gemm, variants):
+            outs, first = {}, None
+            for name, fn in variants:
+                ms = graph_ms(fn)
+                out = fn().clone()
+                first = first if first is not None else out
+                r = {"shape": shape, "gemm": gemm, "variant": name, "ms": ms, "tflops": flops / ms / 1e9,
+                     "bitwise_vs_first": None if name == variants[0][0] or name.startswith("cuBLAS")
+                     else torch.equal(out, first)}
+                rows.append(r)
+                outs[name] = ms
+                print(r, flush=True)
+            return outs
+
+        gw = torch.empty(P, H, device="cuda", dtype=dt)
+        pointer = dataclasses.replace(mm_cfg, persistent_tma=False)
+        row("d weight = d_logits^T @ hidden", [
+            ("pointer kernel", lambda: matmul_into(d.t(), hidden, gw, cfg=pointer)),
+            ("descriptor kernel (A_T)", lambda: matmul_into(d.t(), hidden, gw, cfg=mm_cfg)),
+            ("cuBLAS", lambda: d.t() @ hidden)])
+        acc = torch.randn(N, H, device="cuda", generator=g)
+        dh = torch.empty(N, H, device="cuda")
+        row("d hidden = d_logits @ W_chunk (+ fp32 accumulator)", [
+            ("descriptor kernel, chunks folded (locked)", lambda: matmul_into(d, w, dh, c_in=acc, cfg=dh_cfg, fold_k=C)),
+            ("descriptor kernel, one K range", lambda: matmul_into(d, w, dh, c_in=acc, cfg=dh_cfg)),
+            ("cuBLAS", lambda: torch.addmm(acc, d, w))])
+        # the whole op with d weight on each path
+        h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
+        W = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(dt).requires_grad_()
+        t = torch.randint(0, V, (N,), device="cuda", generator=g)
+        up = torch.randn(N, device="cuda", generator=g)
+        saved = {k: configs.LOCKED_CONFIGS[k] for k in mm_keys}
+        grads = {}
+        for name, tma in (("d weight on pointers", False), ("d weight through descriptors (locked)", True)):
+            for k in mm_keys:
+                configs.LOCKED_CONFIGS[k] = dataclasses.replace(saved[k], persistent_tma=tma)
+            step = lambda: torch.autograd.grad(linear_logp(h, W, t, validate=False), (h, W), up)  # noqa: E731
+            grads[name] = step()
+            ms = graph_ms(step)
+            first = next(iter(grads.values()))
+            r = {"shape": f"{N} x {H} x {V}", "gemm": "linear_logp fwd+bwd, recompute", "variant": name, "ms": ms,
+                 "bitwise_vs_first": all(torch.equal(x, y) for x, y in zip(grads[name], first))}
+            rows.append(r)
+            print(r, flush=True)
+        configs.LOCKED_CONFIGS.update(saved)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    bad = [r for r in rows if r.get("bitwise_vs_first") is False]
+    print("bits differ:", bad) if bad else print("every variant gave the first's bits")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
