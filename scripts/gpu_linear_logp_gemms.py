@@ -5,7 +5,9 @@ same run (issue 19: at 1024 tokens they are where the recompute path's gap to th
               pointers, the path before A_T) and the descriptor kernel (A^T read through a TMA
               descriptor over d_logits, matmul A_T), the "matmul" row's tiles both;
   d hidden  = d_logits @ W_chunk    [N, P] @ [P, H]: the locked descriptor kernel with the pass's
-              vocab chunks folded (FOLD_K), and one K range (no fold).
+              vocab chunks folded (FOLD_K), one K range (no fold), W's chunk as a K-major B (a
+              transposed copy: is W's N-major layout the cost?), and the product transposed
+              (d hidden^T = W_chunk^T @ d_logits^T: W through A_T, its N-major side moved from B to A).
 
 P is the pass's vocab width (chunk_v x chunks per pass at N). Every variant of a GEMM must give the
 first's bits (torch.equal, reported). Then linear_logp fwd + bwd with d weight on each path (the
@@ -86,9 +88,18 @@ def main():
             ("cuBLAS", lambda: d.t() @ hidden)])
         acc = torch.randn(N, H, device="cuda", generator=g)
         dh = torch.empty(N, H, device="cuda")
+        w_t = w.t().contiguous()  # [H, P]: W_chunk^T in rows, a copy for timing only
+        acc_t = acc.t().contiguous()
+        dh_t = torch.empty(H, N, device="cuda")
         row("d hidden = d_logits @ W_chunk (+ fp32 accumulator)", [
             ("descriptor kernel, chunks folded (locked)", lambda: matmul_into(d, w, dh, c_in=acc, cfg=dh_cfg, fold_k=C)),
             ("descriptor kernel, one K range", lambda: matmul_into(d, w, dh, c_in=acc, cfg=dh_cfg)),
+            # the operand layouts: W's chunk as a K-major B (a transposed copy, B_T), and the product
+            # transposed, d hidden^T = W_chunk^T @ d_logits^T (W through A_T, d_logits through B_T)
+            ("K-major B (W chunk copied transposed), chunks folded",
+             lambda: matmul_into(d, w_t.t(), dh, c_in=acc, cfg=dh_cfg, fold_k=C)),
+            ("transposed product (A_T, B_T), chunks folded",
+             lambda: matmul_into(w.t(), d.t(), dh_t, c_in=acc_t, cfg=dh_cfg, fold_k=C).t()),
             ("cuBLAS", lambda: torch.addmm(acc, d, w))])
         # the whole op with d weight on each path
         h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
