@@ -100,7 +100,7 @@ def main():
              lambda: matmul_into(d, w_t.t(), dh, c_in=acc, cfg=dh_cfg, fold_k=C)),
             ("transposed product (A_T, B_T), chunks folded",
              lambda: matmul_into(w.t(), d.t(), dh_t, c_in=acc_t, cfg=dh_cfg, fold_k=C).t()),
-            ("cuBLAS", lambda: torch.addmm(acc, d, w))])
+            ("cuBLAS (bf16 product, added to the fp32 accumulator)", lambda: torch.add(acc, d @ w))])
         # the whole op with d weight on each path
         h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
         W = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(dt).requires_grad_()
