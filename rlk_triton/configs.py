@@ -280,8 +280,9 @@ def _matmul_rows():
                                                                        small_rows_chunks_per_pass=8)
             # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
             # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
-            # same bits (docs/reports/h200-round4-2026-12-03.json). d weight stays on the pointer
-            # kernel: 713 TFLOP/s there against 688 through descriptors (h200-round2).
+            # same bits (docs/reports/h200-round4-2026-12-03.json). d weight = d_logits^T @ hidden takes
+            # the "matmul" row, and with it the descriptor kernel (A_T): 1.08x the pointer kernel at 1024
+            # tokens, 1.03x at 8192, the same bits (H100, h100-linear-logp-gemms-2026-12-05.json).
             t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
         for b in M_BUCKET_NAMES:  # fp32 (IEEE FMA, not a decode dtype): one config for every M
             t[("matmul", arch, "float32", b)] = MatmulConfig(64, 64, 32, 8, 4, 2)
