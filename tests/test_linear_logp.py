@@ -80,28 +80,36 @@ def test_d_weight_and_d_bias_bitwise_on_repeat(device, dtype):
 
 
 def _with_descriptor_path(monkeypatch, device, dtype, flag):
-    """Set persistent_tma on the locked linear_logp rows this device uses."""
+    """Set persistent_tma on the locked linear_logp rows this device uses, and on the matmul row of d
+    weight (d_logits^T @ hidden: A^T through a descriptor)."""
     import dataclasses
 
     arch = arch_of(torch.device(device))
     dt = str(dtype).removeprefix("torch.")
-    for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
-        key = (kernel, configs.table_arch(arch, kernel), dt, "any")
+    for kernel, bucket in (("linear_logp_fwd", "any"), ("linear_logp_dlogits", "any"), ("linear_logp_dhidden", "any"),
+                           ("matmul", configs.M_BUCKET_NAMES[-1])):
+        key = (kernel, configs.table_arch(arch, kernel), dt, bucket)
         monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
                             dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
-def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch):
+def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch, kernel_spy):
     """The persistent TMA-descriptor kernels change loading and scheduling only: every output and
-    gradient must be bitwise the pointer kernels' (tails in rows, vocab and K included)."""
-    n, h, v = (37, 48, 300) if device == "cpu" else (300, 520, 9000)
+    gradient must be bitwise the pointer kernels' (tails in rows, vocab and K included; a vocab of
+    16-byte d logits rows, so that d weight reads them through a descriptor)."""
+    n, h, v = (37, 48, 304) if device == "cpu" else (300, 520, 9000)
     hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=5), device)
     g, ge = torch.randn(n, device=device), torch.randn(n, device=device)
+    from rlk_triton.ops import matmul as mm
+
+    launches = []
+    kernel_spy(mm, "_matmul_desc_kernel", lambda _, meta: launches.append((meta["A_T"], meta["B_T"])))
     runs = []
     for flag in (False, True):
         _with_descriptor_path(monkeypatch, device, dtype, flag)
         runs.append(_fwd_bwd(hidden, weight, bias, targets, g, ge))
+    assert (True, False) in launches and (False, False) in launches  # d weight (A^T) and d hidden ran
     (lp0, e0, g0), (lp1, e1, g1) = runs
     assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
     for x, y in zip(g0, g1):
