@@ -39,7 +39,9 @@ def main():
                     help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
-    ap.add_argument("--profile", action="store_true", help="first shape only: device time per kernel, both modes and the bound's four GEMMs")
+    ap.add_argument("--profile", action="store_true",
+                    help="first shape only: device time per kernel, both modes and the bound's four GEMMs (on sm90 "
+                         "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
     ap.add_argument("--shapes", nargs="*", default=None, metavar="NxHxV",
