@@ -100,6 +100,30 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
         assert torch.equal(x, y)
 
 
+def test_broadcast_operands_take_the_pointer_loads(device):
+    """A row-stride-0 operand (expand) is not a TMA descriptor's matrix: tma_ready refuses it, as a
+    (transposed) a or b, and the matmul gives the bits of its materialized copy."""
+    import dataclasses
+
+    from rlk_triton import configs
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.ops.matmul import matmul_into, tma_ready
+
+    gen = torch.Generator().manual_seed(3)
+    col = torch.randn(40, 1, generator=gen).to(device, torch.bfloat16)
+    a = col.expand(40, 64)  # strides (1, 0): a.t() has row stride 0
+    b = torch.randn(64, 32, generator=gen).to(device, torch.bfloat16)
+    assert not tma_ready(a.t()) and not tma_ready(b[:1].expand(64, 32)) and tma_ready(b)
+    cfg = dataclasses.replace(configs.lookup_matmul("matmul", arch_of(torch.device(device)), torch.bfloat16),
+                              persistent_tma=True)
+    a_dense = torch.randn(40, 64, generator=gen).to(device, torch.bfloat16)
+    for x, y in ((a, b), (a_dense, b[:1].expand(64, 32))):  # a broadcast a, then a broadcast b
+        got = matmul_into(x, y, torch.empty(x.shape[0], y.shape[1], device=device), cfg=cfg)
+        want = matmul_into(x.contiguous(), y.contiguous(), torch.empty(x.shape[0], y.shape[1], device=device),
+                           cfg=dataclasses.replace(cfg, persistent_tma=False))
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 @pytest.mark.parametrize("tma", (False, True))
 def test_folded_k_ranges_give_the_chained_calls_bits(device, dtype, tma):

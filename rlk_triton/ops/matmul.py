@@ -280,9 +280,11 @@ def persistent_programs(device: torch.device, n_items: int) -> int:
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
-    """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases."""
+    """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases,
+    and rows that do not overlap (a broadcast operand, row stride 0, takes the pointer loads)."""
     return all(t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
-               and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+               and t.stride(0) >= max(1, t.shape[1]) and (t.stride(0) * t.element_size()) % 16 == 0
+               and t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
