@@ -103,6 +103,12 @@ def ptx_code(ptx: str) -> str:
     return "\n".join(keep)
 
 
+def global_stores(ptx: str) -> dict:
+    """Count of each global store instruction (its width: st.global.b16 is one 2-byte element,
+    st.global.v4.b32 sixteen bytes)."""
+    return dict(sorted(collections.Counter(re.findall(r"\b(st\.global[\w.]*)", ptx)).items()))
+
+
 def mma_instructions(ptx: str) -> dict:
     """Counts of the matrix instructions (wgmma / mma families) in a PTX module."""
     return dict(sorted(collections.Counter(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx)).items()))
@@ -415,7 +421,8 @@ def main():
         mma = mma_instructions(ptx) if ptx else None
         rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
                      "spill_store_bytes": spills, "registers": ptxas_registers(ptx) if ptx else None,
-                     "fits_h200": fits, "ptx_sha256": digest, "mma": mma, "error": err})
+                     "fits_h200": fits, "ptx_sha256": digest, "mma": mma,
+                     "global_stores": global_stores(ptx) if ptx else None, "error": err})
         same = "" if name not in before else ("  SAME PTX" if before[name] == digest else "  CHANGED PTX")
         print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, mma {mma}{same}"
               + (f"  {err}" if err else ""), flush=True)

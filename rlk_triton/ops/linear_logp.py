@@ -85,9 +85,11 @@ def _store_halves(x, base, c0, row_ok, V_local, BLOCK_M: tl.constexpr, W: tl.con
 
 
 # n_tiles / n_chunks are never specialized: Triton turns an int argument equal to 1 into a Python
-# constant, which has no .to() (one vocab tile, V_local <= block_n).
+# constant, which has no .to() (one vocab tile, V_local <= block_n). save_cols is: its divisibility
+# by 16 lets the saved-logits store go as 16-byte vectors (an unspecialized mask bound gave one 2-byte
+# store per element; tests/test_aot_compile.py).
 @cached
-@triton.jit(do_not_specialize=["inv_t", "n_tiles", "save_cols"])
+@triton.jit(do_not_specialize=["inv_t", "n_tiles"])
 def _tile_stats_kernel(
     x_ptr, stride_xn, w_ptr, stride_wv, x_desc, w_desc, bias_ptr, target_local_ptr, stats_ptr,
     saved_ptr, stride_sn, save_cols, N, H, V_local, n_tiles, inv_t, n_progs,
