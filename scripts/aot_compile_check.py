@@ -103,10 +103,10 @@ def ptx_code(ptx: str) -> str:
     return "\n".join(keep)
 
 
-def global_stores(ptx: str) -> dict:
-    """Count of each global store instruction (its width: st.global.b16 is one 2-byte element,
-    st.global.v4.b32 sixteen bytes)."""
-    return dict(sorted(collections.Counter(re.findall(r"\b(st\.global[\w.]*)", ptx)).items()))
+def global_accesses(ptx: str, kind: str) -> dict:
+    """Count of each global load (kind "ld") or store ("st") instruction: its width shows whether a tile
+    moves as 16-byte vectors (.v4.b32) or one 2-byte element at a time (.b16)."""
+    return dict(sorted(collections.Counter(re.findall(rf"\b({kind}\.global[\w.]*)", ptx)).items()))
 
 
 def mma_instructions(ptx: str) -> dict:
@@ -422,7 +422,8 @@ def main():
         rows.append({"kernel": name, "num_warps": warps, "num_stages": stages, "shared_bytes": shared,
                      "spill_store_bytes": spills, "registers": ptxas_registers(ptx) if ptx else None,
                      "fits_h200": fits, "ptx_sha256": digest, "mma": mma,
-                     "global_stores": global_stores(ptx) if ptx else None, "error": err})
+                     "global_loads": global_accesses(ptx, "ld") if ptx else None,
+                     "global_stores": global_accesses(ptx, "st") if ptx else None, "error": err})
         same = "" if name not in before else ("  SAME PTX" if before[name] == digest else "  CHANGED PTX")
         print(f"{'OK ' if fits else 'BAD'} {name}: shared {shared} B, spill stores {spills} B, mma {mma}{same}"
               + (f"  {err}" if err else ""), flush=True)

@@ -32,9 +32,13 @@ def test_changed_kernels_compile_for_sm90_within_shared_memory(tmp_path):
     rows = report["rows"]
     assert rows and all(r["fits_h200"] for r in rows), [r for r in rows if not r["fits_h200"]]
     assert proc.returncode == 0
-    # saved="logits": the forward's store of the relative logits is 16-byte vectors, as d logits' tile
-    # is. An unspecialized save_cols (a mask whose 8-column groups the compiler cannot prove whole)
-    # made it one 2-byte store per element, 8x the store instructions (e5210ae to this test).
-    for label in ("linear_logp _tile_stats_kernel (descriptors, saved logits)", "linear_logp _dlogits_kernel (descriptors)"):
-        stores = next(r for r in rows if r["kernel"] == label)["global_stores"]
-        assert "st.global.v4.b32" in stores and "st.global.b16" not in stores, (label, stores)
+    # saved="logits": the forward's store of the relative logits and the backward's load of them are
+    # 16-byte vectors, as d logits' tile store is. An unspecialized column bound or offset (save_cols,
+    # c0: the compiler cannot prove 8-column groups whole and aligned) made each one 2-byte access per
+    # element, 8x the instructions (the store from e5210ae, the load from its start, to this test).
+    by_label = {r["kernel"]: r for r in rows}
+    for label, kind in (("linear_logp _tile_stats_kernel (descriptors, saved logits)", "st"),
+                        ("linear_logp _dlogits_kernel (descriptors)", "st"),
+                        ("linear_logp _dlogits_saved_kernel", "ld")):
+        seen = by_label[label]["global_stores" if kind == "st" else "global_loads"]
+        assert f"{kind}.global.v4.b32" in seen and f"{kind}.global.b16" not in seen, (label, seen)

@@ -239,8 +239,10 @@ def _dlogits_kernel(
                        WITH_ENTROPY_GRAD)
 
 
+# c0 is specialized (a multiple of chunk_v, so always divisible by 16): it lets the saved logits load
+# as 16-byte vectors (unspecialized: one 2-byte load per element; tests/test_aot_compile.py).
 @cached
-@triton.jit(do_not_specialize=["inv_t", "c0"])
+@triton.jit(do_not_specialize=["inv_t"])
 def _dlogits_saved_kernel(
     saved_ptr, stride_sn, tile_max_ptr, target_local_ptr, row_max_ptr, row_logsum_ptr, entropy_ptr,
     grad_logp_ptr, grad_entropy_ptr, d_ptr, stride_dn, dbias_part_ptr, stride_pb,
