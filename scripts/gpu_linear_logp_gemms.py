@@ -46,24 +46,23 @@ def in_operator(h, W, t, up, shape, rows):
     import rlk_triton.ops.linear_logp as ll_ops
 
     real = ll_ops.matmul_into
-    calls = []
+    calls, kept = [], {}
 
     def timed(a, b, out, c_in=None, cfg=None, bias=None, fold_k=0):
         kind = "d hidden" if fold_k else "d weight"
-        if not any(c[0] == kind for c in calls):  # pass 0: keep the operands (d logits is reused)
-            args = (a.clone(), b, None if c_in is None else c_in.clone(), out.dtype, cfg, fold_k)
-        else:
-            args = None
+        if not timing and kind not in kept:  # pass 0's operands, copied in the untimed step only (the
+            # d logits buffer is reused by later passes; the recompute gives the same values each step)
+            kept[kind] = (a.clone(), b, None if c_in is None else c_in.clone(), out.dtype, cfg, fold_k)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         r = real(a, b, out, c_in=c_in, cfg=cfg, bias=bias, fold_k=fold_k)
         end.record()
-        calls.append((kind, start, end, args))
+        calls.append((kind, start, end))
         return r
 
     ll_ops.matmul_into = timed
     try:
-        for _ in range(2):  # the first step compiles; the second is timed
+        for timing in (False, True):  # the first step compiles and keeps pass 0's operands; the second is timed
             calls.clear()
             torch.autograd.grad(linear_logp(h, W, t, validate=False), (h, W), up)
             torch.cuda.synchronize()
@@ -71,8 +70,8 @@ def in_operator(h, W, t, up, shape, rows):
         ll_ops.matmul_into = real
     for kind in ("d weight", "d hidden"):
         mine = [c for c in calls if c[0] == kind]
-        total = sum(s.elapsed_time(e) for _, s, e, _ in mine)
-        a, b, c_in, odt, cfg, fold_k = mine[0][3]
+        total = sum(s.elapsed_time(e) for _, s, e in mine)
+        a, b, c_in, odt, cfg, fold_k = kept[kind]
         out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=odt)
         alone = graph_ms(lambda: real(a, b, out, c_in=c_in, cfg=cfg, fold_k=fold_k))
         ra = (torch.randn(a.shape, device=a.device) * a.float().std()).to(a.dtype)
