@@ -13,6 +13,7 @@ from rlk_triton.logp import linear_logp
 from rlk_triton.ops import linear_logp as op
 from rlk_triton.testing import check_batch_invariance
 from rlk_triton.testing.linear_parity import LinearCase, build_linear_case, linear_logp_row_op
+from test_linear_logp import _with_descriptor_path  # the locked rows' persistent_tma, d weight's matmul row too
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -60,17 +61,12 @@ def test_gradients_bitwise_on_repeat(device, dtype):
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_descriptor_path_gives_the_pointer_path_bits(device, dtype, monkeypatch):
-    import dataclasses
-
-    n, h, v = (37, 48, 300) if device == "cpu" else (300, 520, 9000)
+    """saved="logits" on the descriptor kernels (d weight's A^T included: 16-byte d logits rows)."""
+    n, h, v = (37, 48, 304) if device == "cpu" else (300, 520, 9000)
     hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, dtype, bias=True, seed=5), device)
-    arch = arch_of(torch.device(device))
     runs = []
     for flag in (False, True):
-        for kernel in ("linear_logp_fwd", "linear_logp_dlogits", "linear_logp_dhidden"):
-            key = (kernel, configs.table_arch(arch, kernel), str(dtype).removeprefix("torch."), "any")
-            monkeypatch.setitem(configs.LOCKED_CONFIGS, key,
-                                dataclasses.replace(configs.LOCKED_CONFIGS[key], persistent_tma=flag))
+        _with_descriptor_path(monkeypatch, device, dtype, flag)
         runs.append(_fwd_bwd(hidden, weight, bias, targets, "logits"))
     (lp0, e0, g0), (lp1, e1, g1) = runs
     assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
