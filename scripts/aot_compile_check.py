@@ -191,6 +191,8 @@ def cases():
             ("d hidden tiles, fp32 accumulator", "linear_logp_dhidden", False, f32, True, 0),
             ("d hidden tiles, vocab chunks folded (FOLD_K), fp32 accumulator", "linear_logp_dhidden", False, f32,
              True, fold),
+            ("d hidden tiles, a first pass's first chunk (no C_in), fp32 out", "linear_logp_dhidden", False, f32,
+             False, 0),
             ("matmul tiles, b = weight.t() (B_T), bf16 out", "matmul", True, bf, False, 0),
             ("matmul tiles, a = d_logits.t() (A_T), bf16 out", "matmul", False, bf, False, 0, True)):
         cfg = configs.lookup_matmul(kernel_key, "sm90", bf)
@@ -203,7 +205,7 @@ def cases():
                          c_in_ptr=_t(256, 4096, dtype=out_dtype), stride_cm=4096,
                          out_ptr=_t(256, 4096, dtype=out_dtype), stride_om=4096,
                          bias_ptr=_t(4096, dtype=out_dtype), M=256, N=4096, K=4096, n_progs=132,
-                         ACCUMULATE=acc, HAS_BIAS=not acc, UPCAST=False, IEEE=False, B_T=b_t,
+                         ACCUMULATE=acc, HAS_BIAS=not acc and out_dtype == bf, UPCAST=False, IEEE=False, B_T=b_t,
                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                          FOLD_K=fold_k, **({"A_T": True} if a_t else {})),
                     cfg.num_warps, cfg.num_stages))

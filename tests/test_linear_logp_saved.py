@@ -8,7 +8,7 @@ import torch
 
 from rlk_triton import configs
 from rlk_triton._runtime import arch_of
-from rlk_triton.errors import InputError
+from rlk_triton.errors import InputError, ShapeError
 from rlk_triton.logp import linear_logp
 from rlk_triton.ops import linear_logp as op
 from rlk_triton.testing import check_batch_invariance
@@ -151,7 +151,7 @@ def test_under_torch_compile(device, kept_chunks):
 
 @pytest.mark.gpu
 def test_backward_memory_is_the_buffer_and_the_gradients():
-    """Peak extra memory of a saved="logits" forward + backward: the [N, V] buffer, one d-logits chunk,
+    """Peak extra memory of a saved="logits" forward + backward: the [N, V] buffer, one d-logits pass,
     the gradients, d hidden's fp32 accumulator and the tile statistics. Not a second [N, V]: autograd
     must not materialize a zero gradient for the buffer output (it did, 2.3 GiB at 8192 x 151936)."""
     from rlk_triton.bench.timing import peak_extra_mib
@@ -162,7 +162,7 @@ def test_backward_memory_is_the_buffer_and_the_gradients():
     up = torch.randn(N, device="cuda")
     fwd, dl = op.tile_config("linear_logp_fwd", h), op.tile_config("linear_logp_dlogits", h)
     tiles = -(-V // fwd.block_n)
-    expect = (N * V * 2 + N * min(dl.chunk_v, V) * 2 + V * H * 2 + N * H * (2 + 4)
+    expect = (N * V * 2 + N * min(dl.chunk_v * op.pass_chunks(dl, N), V) * 2 + V * H * 2 + N * H * (2 + 4)
               + (op.N_STATS + 1) * tiles * N * 4 + 8 * N * 4)
     step = lambda: torch.autograd.grad(linear_logp(h, w, targets, saved="logits"), (h, w), up)  # noqa: E731
     step()
@@ -207,14 +207,18 @@ def test_kept_columns_are_whole_chunks_fixed_by_the_vocab():
 
 
 def test_what_a_partial_forward_keeps(device):
-    hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 300, torch.bfloat16, bias=True, seed=1),
+    C = _chunk(device, torch.bfloat16)
+    V = 2 * C + 44  # the first chunk kept, of a vocab longer than it on every device
+    hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, V, torch.bfloat16, bias=True, seed=1),
                                                       device)
-    C, bn = _chunk(device, torch.bfloat16), op.tile_config("linear_logp_fwd", hidden).block_n
-    full = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, 300)
+    bn = op.tile_config("linear_logp_fwd", hidden).block_n
+    full = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, V)
     part = op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, C)
     assert part[4].shape == (9, C) and part[5].shape == (C // bn, 9)
     assert torch.equal(part[4], full[4][:, :C]) and torch.equal(part[5], full[5][:C // bn])
     assert all(torch.equal(a, b) for a, b in zip(part[:4], full[:4]))
+    with pytest.raises(ShapeError, match="save_cols"):  # more columns than the vocab: refused, not left unwritten
+        op.linear_logp_fwd(hidden, weight, bias, targets, 1.0, -100, False, V + 1)
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from .. import configs
 from .._runtime import arch_of
+from ..errors import ShapeError
 from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, matmul_into, operand_flags,
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
@@ -514,6 +515,8 @@ def linear_logp_fwd(
 def _stats_and_saved(hidden, weight, bias, target_local, temperature, with_entropy, save_cols: int):
     """(stats, saved, tile_max): the tile states, the kept-logits buffer [N, save_cols] and the kept
     tiles' row maxima [tiles, N] (stats plane 0); the last two empty ([0, 0], [0, N]) when nothing is kept."""
+    if not 0 <= save_cols <= weight.shape[0]:  # kept_columns never asks more: columns past V would stay unwritten
+        raise ShapeError("save_cols", f"{save_cols} outside [0, {weight.shape[0]}], the shard's vocab")
     saved = hidden.new_empty((hidden.shape[0], save_cols) if save_cols else (0, 0), dtype=saved_dtype(hidden.dtype))
     stats = tile_stats(hidden, weight, bias, target_local, temperature, with_entropy, saved if save_cols else None)
     tiles = cdiv(save_cols, tile_config("linear_logp_fwd", hidden).block_n)
