@@ -9,7 +9,8 @@ K ranges (linear_logp's vocab chunks) in a fixed order. FOLD_K does that chain i
 the K ranges [0, FOLD_K), [FOLD_K, 2 FOLD_K), ... each take dot_tile's order from zero and are added
 to the running fp32 total in increasing order, (((C_in + dot_0) + dot_1) + ...), the bits of one
 launch per range with C_in = the previous launch's fp32 output, without writing and reading that
-total between ranges.
+total between ranges. A fold with no C_in launches its first range alone and folds the rest onto it
+(matmul_into): the same bits, and the kernel always has a C_in to start from.
 
 Tiles come from configs.lookup_matmul (kernel, arch, dtype, bucket of M). The buckets of one
 (arch, dtype) form a bit class (configs.BIT_CLASSES): every member keeps the reduction order above
