@@ -39,6 +39,8 @@ def main():
                     help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
+    ap.add_argument("--sweep-every-shape", action="store_true",
+                    help="run --sweep at every shape, not only the first")
     ap.add_argument("--profile", action="store_true",
                     help="first shape only: device time per kernel, both modes and the bound's four GEMMs (on sm90 "
                          "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
@@ -101,7 +103,7 @@ def main():
                          "bitwise_logp_vs_recompute": torch.equal(logp, ref[0]),
                          "max_abs_dhidden_vs_recompute": (grads[0].float() - ref[1][0].float()).abs().max().item()})
             print(rows[-1], flush=True)
-        if (N, H, V) == shapes[0]:
+        if (N, H, V) == shapes[0] or args.sweep_every_shape:
             key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
             locked = configs.LOCKED_CONFIGS[key]
             dh_key = ("linear_logp_dhidden",) + key[1:]
@@ -126,7 +128,7 @@ def main():
                     print(report["chunk_sweep"][-1], flush=True)
             configs.LOCKED_CONFIGS[key] = locked
             configs.LOCKED_CONFIGS[dh_key] = dh_locked
-            for saved in ("recompute", "logits", "four_gemm_bound") if args.profile else ():
+            for saved in ("recompute", "logits", "four_gemm_bound") if args.profile and (N, H, V) == shapes[0] else ():
                 # the bound's own kernels beside ours: which of our passes falls short of its cuBLAS GEMM
                 step = (partial(gemms, 4) if saved == "four_gemm_bound"
                         else fb(partial(linear_logp, validate=False, saved=saved)))
