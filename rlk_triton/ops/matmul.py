@@ -249,13 +249,14 @@ def _matmul_desc_kernel(
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         if FOLD_K:  # the chain of K ranges in registers (module doc); C_in enters after the first range
+            # always with a C_in: folding from none spilled 3 KB a thread on sm90 (matmul_into splits it)
+            tl.static_assert(ACCUMULATE, "FOLD_K needs a C_in")
             acc = dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, FOLD_K), BLOCK_M, BLOCK_N, BLOCK_K, B_T,
                                 UPCAST, IEEE, 0, A_T)
-            if ACCUMULATE:
-                om = m0 + tl.arange(0, BLOCK_M)
-                on = n0 + tl.arange(0, BLOCK_N)
-                acc = tl.load(c_in_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :],
-                              mask=(om < M)[:, None] & (on < N)[None, :], other=0.0) + acc
+            om = m0 + tl.arange(0, BLOCK_M)
+            on = n0 + tl.arange(0, BLOCK_N)
+            acc = tl.load(c_in_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :],
+                          mask=(om < M)[:, None] & (on < N)[None, :], other=0.0) + acc
             for k0 in range(FOLD_K, K, FOLD_K):
                 acc = acc + dot_tile_desc(a_desc, b_desc, m0, n0, tl.minimum(K, k0 + FOLD_K), BLOCK_M, BLOCK_N,
                                           BLOCK_K, B_T, UPCAST, IEEE, k0, A_T)
