@@ -28,7 +28,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
     ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) ${LL_ARGS:-} > $OUT/ll.log 2>&1
-        echo "ll: exit $?"; tail -c 2500 $OUT/ll.log ;;
+        echo "ll: exit $?"; tail -c 2500 $OUT/ll.log
+        python3 scripts/plot_linear_logp_report.py $OUT/ll.json --out $OUT/linear_logp.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     gemms) timeout ${GEMMS_S:-150} python3 scripts/gpu_linear_logp_gemms.py --out $OUT/gemms.json --commit $C --time-box $(( ${GEMMS_S:-150} - 50 )) ${GEMMS_ARGS:-} > $OUT/gemms.log 2>&1
            echo "gemms: exit $?"; tail -c 2500 $OUT/gemms.log ;;
     clocks) timeout ${CLOCKS_S:-120} python3 scripts/gpu_linear_logp_clocks.py --out $OUT/clocks.json --commit $C --time-box $(( ${CLOCKS_S:-120} - 25 )) ${CLOCKS_ARGS:-} > $OUT/clocks.log 2>&1
