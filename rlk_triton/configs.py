@@ -606,17 +606,20 @@ def table_as_data() -> list[dict]:
     ]
 
 
-def fingerprint(arch: str | None = None) -> str:
+def fingerprint(arch: str | None = None, kernels: tuple[str, ...] | None = None) -> str:
     """Hash of the locked-config table, the triton version and the arch: names the compiled semantics.
+    kernels: hash only those kernels' rows (every arch, every bucket; no bit classes), the configs one
+    operator's launches read (a native admission depends on its op's rows, not on the whole table).
     Memoized until the table changes (every descriptor and policy decision carries it; hashing the
     table took ~20 ms)."""
     arch = arch or default_arch()
-    key = (fingerprint, arch, triton.__version__, id(BIT_CLASSES))
+    key = (fingerprint, arch, triton.__version__, id(BIT_CLASSES), kernels)
     if key in _MEMO:
         return _MEMO[key]
-    payload = json.dumps(
-        {"table": table_as_data(), "classes": [asdict(c) for c in BIT_CLASSES], "triton": triton.__version__,
-         "arch": arch}, sort_keys=True
-    )
+    if kernels is None:
+        content = {"table": table_as_data(), "classes": [asdict(c) for c in BIT_CLASSES]}
+    else:
+        content = {"rows": [r for r in table_as_data() if r["kernel"] in kernels], "kernels": sorted(kernels)}
+    payload = json.dumps({**content, "triton": triton.__version__, "arch": arch}, sort_keys=True)
     _MEMO[key] = out = hashlib.sha256(payload.encode()).hexdigest()[:16]
     return out

@@ -8,7 +8,7 @@ Triton kernel (native/README.md, docs/native.md).
   record with this process's fingerprint to the per-user cache ($RLK_NATIVE_CACHE, else
   ~/.cache/rlk_triton/native/<op>.json).
 - A record counts only while its fingerprint equals the current one (sources, build flags, nvcc,
-  device and capability, driver, CUDA, torch, triton, the locked-config fingerprint): `status()` says
+  device and capability, driver, CUDA, torch, triton, the op's own locked-config rows): `status()` says
   why each op is or is not admitted. Nothing here switches a call to a native kernel by itself.
 """
 from __future__ import annotations
@@ -46,6 +46,9 @@ class NativeOp:
     cases: Callable[[str], list]  # device -> [(label, inputs)]
     triton: Callable  # inputs -> tuple of tensors (the semantic implementation)
     native: Callable  # (extension module, inputs) -> tuple of tensors
+    # the locked-config kernels the op's Triton launches read (configs.lookup's first argument): the
+    # admission depends on their rows only (tests/test_native.py checks the list against the lookups)
+    config_kernels: tuple = ()
 
 
 # ---- rms_norm forward, with or without the fused residual add ----
@@ -348,9 +351,11 @@ def _slp_cases(device) -> list:
 
 
 OPS = {"rmsnorm": NativeOp("rmsnorm", ("rmsnorm_kernels.cu", "bindings.cpp"), "sm90", _rmsnorm_cases,
-                           _rmsnorm_triton, _rmsnorm_native),
+                           _rmsnorm_triton, _rmsnorm_native,
+                           ("rmsnorm_fwd", "rmsnorm_fwd_rows", "rmsnorm_bwd", "rmsnorm_dw_rows", "rmsnorm_dw_reduce")),
        "selected_logp": NativeOp("selected_logp", ("selected_logp_kernels.cu", "selected_logp_bindings.cpp"), "sm90",
-                                 _slp_cases, _slp_triton, _slp_native)}
+                                 _slp_cases, _slp_triton, _slp_native,
+                                 ("selected_logp_fwd", "selected_logp_chunk", "selected_logp_bwd"))}
 
 
 def native_op(op: str) -> NativeOp:
@@ -400,7 +405,6 @@ def fingerprint(op: str, device="cuda") -> dict:
     """What an admission depends on, for `op` on `device` in this process."""
     import triton
 
-    from . import configs
     from ._runtime import arch_of
 
     dev = torch.device(device)
@@ -413,8 +417,16 @@ def fingerprint(op: str, device="cuda") -> dict:
         "capability": list(torch.cuda.get_device_capability(dev)) if gpu else None,
         "driver": _driver() if gpu else None, "cuda": torch.version.cuda,
         "torch": torch.__version__, "triton": triton.__version__,
-        "locked_configs": configs.fingerprint(arch_of(dev)) if gpu else None,
+        "locked_configs": config_fingerprint(op, arch_of(dev)) if gpu else None,
     }
+
+
+def config_fingerprint(op: str, arch: str) -> str:
+    """The op's own locked-config rows, hashed: a config change elsewhere in the table (another op's
+    tiles) leaves its admission standing; a change of its own rows makes the record stale."""
+    from . import configs
+
+    return configs.fingerprint(arch, kernels=native_op(op).config_kernels)
 
 
 def records_dir() -> Path:
@@ -471,7 +483,7 @@ def availability(op: str, device) -> tuple[bool, Optional[str]]:
 @functools.lru_cache(maxsize=None)
 def usable(op: str, device: str) -> tuple[bool, Optional[str]]:
     """availability(), once per (op, device) and process: what the call path asks on every call (the
-    fingerprint hashes the sources and the config table). admit() clears it."""
+    fingerprint hashes the sources and the op's config rows). admit() clears it."""
     return availability(op, device)
 
 

@@ -66,6 +66,56 @@ def test_a_record_counts_only_with_this_fingerprint(cache):
     assert not native.admission("rmsnorm", "cpu")[0]  # an unreadable record is no record
 
 
+@pytest.mark.parametrize("op", sorted(native.OPS))
+def test_config_kernels_are_every_config_the_op_reads(op, monkeypatch):
+    """An admission depends on the op's own locked-config rows (NativeOp.config_kernels): every table
+    lookup of the Triton launches the gate compares against, and of the native launchers' layouts, is
+    one of them, so a change that could move the op's bits makes its record stale."""
+    from rlk_triton import configs
+
+    read = set()
+    for name in ("lookup", "lookup_matmul", "lookup_fixed"):
+        real = getattr(configs, name)
+        monkeypatch.setattr(configs, name, lambda kernel, *a, _real=real, **k: read.add(kernel) or _real(kernel, *a, **k))
+    spec = native.OPS[op]
+    cases = [inputs for _, inputs in spec.cases("cpu")]
+    for inputs in sorted(cases, key=lambda c: c[0].numel())[:3]:  # the Triton launches, forward and backward
+        spec.triton(*inputs)
+    for inputs in cases:  # the native launchers' layouts, from the same rows, at every case
+        if op == "rmsnorm":
+            x, res = inputs[0], inputs[4] if len(inputs) > 4 else None
+            native._rmsnorm_config(x, "sm90", res)
+            native._rmsnorm_bwd_layout("sm90", x.dtype, x.shape[1])
+        else:
+            native._slp_config(inputs[0], "sm90")
+    assert read and read <= set(spec.config_kernels), (read, spec.config_kernels)
+
+
+def test_an_admission_hashes_only_its_ops_config_rows(monkeypatch):
+    """Another op's config change leaves the record standing; a change of one of the op's rows does not."""
+    import dataclasses
+
+    from rlk_triton import configs
+
+    before = {op: native.config_fingerprint(op, "sm90") for op in native.OPS}
+    whole = configs.fingerprint("sm90")
+    assert before["rmsnorm"] != before["selected_logp"] != whole
+    table = dict(configs.LOCKED_CONFIGS)
+    try:
+        key = next(k for k in table if k[0] == "linear_logp_dlogits" and k[1] == "sm90")
+        configs.LOCKED_CONFIGS[key] = dataclasses.replace(table[key], chunks_per_pass=table[key].chunks_per_pass + 1)
+        assert configs.fingerprint("sm90") != whole  # the table did change
+        assert {op: native.config_fingerprint(op, "sm90") for op in native.OPS} == before
+        key = next(k for k in table if k[0] == "rmsnorm_dw_reduce")
+        configs.LOCKED_CONFIGS[key] = dataclasses.replace(table[key], num_warps=table[key].num_warps * 2)
+        assert native.config_fingerprint("rmsnorm", "sm90") != before["rmsnorm"]
+        assert native.config_fingerprint("selected_logp", "sm90") == before["selected_logp"]
+    finally:
+        configs.LOCKED_CONFIGS.clear()
+        configs.LOCKED_CONFIGS.update(table)
+    assert native.config_fingerprint("rmsnorm", "sm90") == before["rmsnorm"]
+
+
 def test_the_source_hash_names_the_sources(tmp_path, monkeypatch):
     before = native.source_hash("rmsnorm")
     for name in native.OPS["rmsnorm"].sources:
