@@ -324,7 +324,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     if fold_k and c_in is None:
         # The first range as its own call, the rest chained onto it: the fold's bits by its definition
         # (and fp32 addition commutes). One launch folding from no C_in spills 3 KB a thread on sm90
-        # (255 registers; with C_in, 176 B) and ran at 0.43x of the C_in launch on the H100.
+        # (255 registers; with C_in, 176 B): 0.85 ms against 0.38 for a pass with C_in on the H100.
         first = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32, device=out.device)
         matmul_into(a[:, :fold_k], b[:fold_k], first, cfg=cfg)
         return matmul_into(a[:, fold_k:], b[fold_k:], out, c_in=first, cfg=cfg, fold_k=fold_k)
