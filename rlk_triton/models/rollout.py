@@ -233,16 +233,16 @@ class RolloutEngine:
             return attention_decode(q, self.k_cache[i], self.v_cache[i], table, cache_lens, cu_q,
                                     max_seqlen_q=max_q, validate=False)
 
-        rec2 = None
         if record is not None:
             keys = torch.stack([torch.repeat_interleave(torch.tensor([r.id for r in batch]),
                                                         torch.tensor(cu).diff()),
                                 torch.tensor(pos)], dim=1)
 
-            def rec2(name, t):
-                record(name, t, keys)
+        def record_keyed(name, t):  # the probe's record with each token's (request id, position)
+            record(name, t, keys)
 
-        hidden = m.forward_packed(token_ids, position_ids, attend, record=rec2)
+        hidden = m.forward_packed(token_ids, position_ids, attend,
+                                  record=record_keyed if record is not None else None)
         for b, r in enumerate(batch):
             r.n_cached = lens[b]
         samplers = [b for b, r in enumerate(batch) if r.n_cached == len(r.tokens)]

@@ -107,7 +107,6 @@ def train_forward(model: DecoderModel, tokens: torch.Tensor, cu_seqlens: torch.T
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long().cpu()
     max_seqlen = int(lengths.max()) if lengths.numel() else 0
 
-    rec2 = None
     if record is not None:
         S = lengths.numel()
         ids = torch.arange(S) if seq_ids is None else torch.as_tensor(list(seq_ids), dtype=torch.int64)
@@ -115,22 +114,22 @@ def train_forward(model: DecoderModel, tokens: torch.Tensor, cu_seqlens: torch.T
             raise ShapeError("seq_ids", f"{ids.numel()} ids for {S} sequences")
         keys = torch.stack([torch.repeat_interleave(ids, lengths), position_ids.cpu().long()], dim=1)
 
-        def rec2(name, t):
-            record(name, t, keys)
+    def record_keyed(name, t):  # the probe's record with each token's (sequence id, position)
+        record(name, t, keys)
 
     def attend(i, q, k, v):
         return attention(q, k, v, cu_seqlens, max_seqlen=max_seqlen, validate=False)
 
-    hidden = model.forward_packed(tokens, position_ids, attend, record=rec2)
+    hidden = model.forward_packed(tokens, position_ids, attend, record=record_keyed if record is not None else None)
     if logp_mode == "raw":
         res = linear_logp(hidden, model.lm_head_weight, targets, temperature=temperature,
                           return_entropy=return_entropy, ignore_index=ignore_index)
     else:
         logits = model.logits(hidden)
-        if rec2 is not None:
-            rec2("logits", logits)
+        if record is not None:
+            record_keyed("logits", logits)
         res = score_logits(logits, targets, logp_mode=logp_mode, temperature=temperature,
                            top_k=top_k, top_p=top_p, return_entropy=return_entropy, ignore_index=ignore_index)
-    if rec2 is not None:
-        rec2("logp", res[0] if return_entropy else res)
+    if record is not None:
+        record_keyed("logp", res[0] if return_entropy else res)
     return res
