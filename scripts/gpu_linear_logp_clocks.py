@@ -6,8 +6,9 @@ over many steps gave 62.2 against 58.5 ms (docs/reports/h100-linear-logp-2026-12
 This times each step (ours in both modes, the bound, eager torch) two ways from one captured graph
 of one step: `after_idle` (a replay after 2 s idle, median of 3) and `sustained` (replays back to back
 for a few seconds, median of the second half), with nvidia-smi sampling the SM clock, power and
-temperature during each window. If ours is at the bound's time after idle and falls behind only when
-sustained, at a lower clock than the bound's, the gap is power, not schedule.
+temperature during each window, and a per-kernel profile of one replay in each state (empty if this
+torch's profiler does not see kernels inside graph replays). If ours is at the bound's time after idle
+and falls behind only when sustained, at a lower clock than the bound's, the gap is power, not schedule.
 
   python3 scripts/gpu_linear_logp_clocks.py --out clocks.json --commit SHA [--shapes 8192x4096x151936]
 """
@@ -79,21 +80,37 @@ def replay_ms(graph) -> float:
     return start.elapsed_time(end)
 
 
+def kernels_ms(graph) -> dict:
+    """{kernel name: ms} of one replay under torch.profiler (which kernels slow down when hot)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    per: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.device_time_total / 1e3
+    return dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
+
+
 def measure(graph, seconds: float) -> dict:
     idle = []
     with Sampler() as s_idle:
         for _ in range(3):
             time.sleep(2.0)
             idle.append(replay_ms(graph))
+    time.sleep(2.0)
+    cold_kernels = kernels_ms(graph)
     times = []
     with Sampler() as s_hot:
         t0 = time.time()
         while time.time() - t0 < seconds:
             times.append(replay_ms(graph))
+        hot_kernels = kernels_ms(graph)
     half = times[len(times) // 2:]
     return {"after_idle_ms": statistics.median(idle), "after_idle_each_ms": idle, "after_idle_clocks": s_idle.summary(),
             "sustained_ms": statistics.median(half), "sustained_first_ms": times[0], "sustained_steps": len(times),
-            "sustained_clocks": s_hot.summary()}
+            "sustained_clocks": s_hot.summary(), "kernels_after_idle_ms": cold_kernels,
+            "kernels_sustained_ms": hot_kernels}
 
 
 def main():
