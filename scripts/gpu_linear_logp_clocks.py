@@ -15,9 +15,11 @@ and falls behind only when sustained, at a lower clock than the bound's, the gap
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import subprocess
+import threading
 import time
 from functools import partial
 
@@ -28,25 +30,41 @@ from rlk_triton.logp import linear_logp
 
 
 class Sampler:
-    """nvidia-smi sampling SM clock (MHz), power (W) and temperature (C) every 20 ms while open."""
+    """nvidia-smi sampling SM clock (MHz), power (W) and temperature (C) every 20 ms; keeps the samples
+    that arrive between entering and leaving the block."""
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
+            ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
              "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.lines: list = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         time.sleep(0.3)  # nvidia-smi's own start
+        self.t0 = time.time()
         return self
 
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line))
+
     def __exit__(self, *exc):
+        t1 = time.time()
         self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=10)
-        samples = []
-        for line in out.splitlines():
-            try:
-                samples.append(tuple(float(x) for x in line.split(",")))
+        self.proc.wait(timeout=10)
+        self.reader.join(timeout=10)
+        self.samples = []
+        for arrived, line in self.lines:
+            stamp, *values = line.split(",")
+            try:  # nvidia-smi's own time of the sample (a piped stdout may arrive in bursts)
+                t = datetime.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
             except ValueError:
-                continue
-        self.samples = samples[1:]  # the first sample predates the window
+                t = arrived
+            if self.t0 <= t <= t1:
+                try:
+                    self.samples.append(tuple(float(x) for x in values))
+                except ValueError:
+                    continue
 
     def summary(self) -> dict:
         if not self.samples:
