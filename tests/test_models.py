@@ -156,6 +156,36 @@ def test_draws_do_not_depend_on_the_batch():
     assert not torch.equal(again, full)  # the step enters the draw
 
 
+def test_keep_mask_cuts_by_rank_with_ties_to_the_lower_token_id():
+    """keep_mask's rules, row by row: top-k keeps the k highest, ties at the cut going to the lower
+    token id (a stable descending sort); top-p keeps the shortest prefix of that order whose mass
+    before each kept token is below p; the most likely token is always kept; top_k 0 / top_p 1 keep
+    everything and temperature 0 counts as 1."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0],  # a three-way tie at the top
+                           [0.0, 2.0, 1.0, 2.0, 2.0]])
+    expect_k2 = torch.tensor([[False, True, True, False, False],
+                              [False, True, False, True, False]])
+    assert torch.equal(keep_mask(logits, 1.0, 2, 1.0), expect_k2)
+    assert bool(keep_mask(logits, 1.0, 0, 1.0).all())
+    # top-p by the sorted mass: row 0's probabilities sorted are (a, a, a, b, c) with 3a + b + c = 1
+    z = torch.softmax(logits[0], -1)
+    a = float(z[1])
+    for p, kept in ((a - 1e-4, 1), (a + 1e-4, 2), (2 * a + 1e-4, 3), (3 * a + 1e-4, 4)):
+        row = keep_mask(logits[:1], 1.0, 0, p)[0]
+        assert int(row.sum()) == kept and bool(row[1:1 + min(kept, 3)].all()), (p, row)
+    # per-row arguments: at T 1 row 1's three tied tokens each hold 0.286 of the mass, so top-p 0.6 keeps
+    # all three; at T 0.25 they hold 0.333 each and it keeps two
+    both = logits[1:].expand(2, 5)
+    per_row = keep_mask(both, torch.tensor([1.0, 0.25]), torch.tensor([0, 0]), torch.tensor([0.6, 0.6]))
+    assert torch.equal(per_row, torch.tensor([[False, True, False, True, True], [False, True, False, True, False]]))
+    assert torch.equal(keep_mask(logits, 1.0, torch.tensor([0, 2]), 1.0)[1], expect_k2[1])
+    assert torch.equal(keep_mask(both, 0.0, 0, 0.6), per_row[:1].expand(2, 5))  # temperature 0 counts as 1
+    top = torch.tensor([[False, True, False, False, False]] * 2)
+    assert torch.equal(keep_mask(logits, 1.0, 0, 0.0), top)  # no mass at all: still the most likely token
+    # exactly p before the second of two equal tokens: the first already reaches p
+    assert torch.equal(keep_mask(torch.zeros(1, 2), 1.0, 0, 0.5), torch.tensor([[True, False]]))
+
+
 def test_engine_argument_errors(qwen3_bf16):
     with pytest.raises(InputError) as e:
         RolloutEngine(qwen3_bf16, page_size=3)
