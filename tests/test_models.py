@@ -186,6 +186,24 @@ def test_keep_mask_cuts_by_rank_with_ties_to_the_lower_token_id():
     assert torch.equal(keep_mask(torch.zeros(1, 2), 1.0, 0, 0.5), torch.tensor([[True, False]]))
 
 
+def test_keep_mask_rows_do_not_depend_on_the_batch(device):
+    """keep_mask row by row (the rollout masks the rows it samples, the trainer every token): a row's
+    mask is the same bits alone and inside a larger batch, at an LLM vocab on the GPU, with the
+    softmax and cumsum of top-p in play."""
+    V = 151936 if device == "cuda" else 4099
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(48, V, generator=g).to(torch.bfloat16).to(device)
+    T = torch.linspace(0.5, 1.5, 48)
+    k = torch.tensor([0, 50] * 24)
+    p = torch.linspace(0.5, 0.99, 48)
+    full = keep_mask(logits, T.to(device), k.to(device), p.to(device))
+    kept = full.sum(-1)
+    assert int(kept.max()) < V and int(kept.min()) > 1  # every row cut, none to a single token
+    for rows in ([0], [47, 5], list(range(7, 40, 3))):
+        part = keep_mask(logits[rows], T[rows].to(device), k[rows].to(device), p[rows].to(device))
+        assert torch.equal(part, full[rows]), rows
+
+
 def test_engine_argument_errors(qwen3_bf16):
     with pytest.raises(InputError) as e:
         RolloutEngine(qwen3_bf16, page_size=3)
