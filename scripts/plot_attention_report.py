@@ -11,10 +11,10 @@ against the default (0.85x forward, 0.8x forward + backward).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
+
+import report_figure
 
 TARGETS = {"fwd": 0.85, "fwd+bwd": 0.8}
 PASSES = ("fwd", "fwd+bwd")
@@ -51,11 +51,7 @@ def _label(shape: str) -> str:
 
 
 def plot(report: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = report_figure.pyplot()
     shapes, by_pass = ratios(report)
     if not shapes:
         raise ValueError("the report has no sdpa / varlen rows with timings")
@@ -83,25 +79,11 @@ def plot(report: dict, path: Path) -> Path:
         ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
         ax.legend(fontsize=8, loc="upper left", ncol=2)
     axes[0].set_ylabel("speed of rlk_triton's attention / baseline (baseline ms / ours)")
-    fig.suptitle(f"rlk_triton attention against stock baselines, same run: {report.get('device')}, "
-                 f"torch {report.get('torch')}, triton {report.get('triton')}, commit {report.get('commit')}, "
-                 f"{report.get('date')}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return report_figure.finish(fig, report, "rlk_triton attention against stock baselines", path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("report", help="a scripts/gpu_attention_split.py JSON report")
-    ap.add_argument("--out", required=True, help="the .png to write")
-    args = ap.parse_args(argv)
-    with open(args.report) as f:
-        report = json.load(f)
-    print(plot(report, Path(args.out)))
-    return 0
+    return report_figure.main(argv, __doc__.splitlines()[0], "a scripts/gpu_attention_split.py JSON report", plot)
 
 
 if __name__ == "__main__":

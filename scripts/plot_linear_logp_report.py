@@ -12,10 +12,10 @@ forward + backward, GiB (the gradients included).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
+
+import report_figure
 
 MODES = ("recompute", "logits")
 LOGITS_TARGET = 1.15
@@ -41,11 +41,7 @@ def speeds(report: dict) -> tuple[list[str], dict]:
 
 
 def plot(report: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = report_figure.pyplot()
     shapes, data = speeds(report)
     if not shapes:
         raise ValueError("the report has no recompute / logits rows")
@@ -84,25 +80,11 @@ def plot(report: dict, path: Path) -> Path:
     mem.set_ylabel("peak extra memory of one forward + backward, GiB")
     mem.legend(fontsize=8, loc="upper left")
     mem.set_title("memory (gradients included)")
-    fig.suptitle(f"rlk_triton linear_logp against torch eager, same run: {report.get('device')}, "
-                 f"torch {report.get('torch')}, triton {report.get('triton')}, commit {report.get('commit')}, "
-                 f"{report.get('date')}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return report_figure.finish(fig, report, "rlk_triton linear_logp against torch eager", path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("report", help="a scripts/gpu_linear_logp.py JSON report")
-    ap.add_argument("--out", required=True, help="the .png to write")
-    args = ap.parse_args(argv)
-    with open(args.report) as f:
-        report = json.load(f)
-    print(plot(report, Path(args.out)))
-    return 0
+    return report_figure.main(argv, __doc__.splitlines()[0], "a scripts/gpu_linear_logp.py JSON report", plot)
 
 
 if __name__ == "__main__":
