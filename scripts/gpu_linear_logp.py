@@ -22,7 +22,7 @@ import triton
 
 from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
-from rlk_triton.bench.timing import peak_extra_mib
+from rlk_triton.bench.timing import kernel_times, peak_extra_mib
 from rlk_triton.logp import linear_logp
 
 graph_ms = partial(bench.graph_ms, reps=3)
@@ -143,17 +143,7 @@ def main():
                         else fb(partial(linear_logp, validate=False, saved=saved)))
                 step()
                 torch.cuda.synchronize()
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    step()
-                    torch.cuda.synchronize()
-                per = {}
-                for e in prof.events():
-                    if e.device_type == torch.autograd.DeviceType.CUDA:
-                        k = e.name[:80]
-                        n, us = per.get(k, (0, 0.0))
-                        per[k] = (n + 1, us + e.device_time_total)
-                report["kernels"][saved] = sorted(({"kernel": k, "calls": n, "ms": us / 1e3} for k, (n, us) in per.items()),
-                                                  key=lambda r: -r["ms"])
+                report["kernels"][saved] = kernel_times(step)
                 print(saved, report["kernels"][saved][:12], flush=True)
         del h, w, t, up, dl, ref, logp, grads, base_grads
         torch.cuda.empty_cache()

@@ -26,6 +26,7 @@ from functools import partial
 import torch
 import triton
 
+from rlk_triton.bench import timing
 from rlk_triton.logp import linear_logp
 
 
@@ -74,61 +75,25 @@ class Sampler:
                 "power_w_mean": statistics.fmean(pw), "power_w_max": max(pw), "temp_c_max": max(temp)}
 
 
-def one_step_graph(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # allocations and compiles outside the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def replay_ms(graph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def kernels_ms(graph) -> dict:
-    """{kernel name: ms} of one replay under torch.profiler (which kernels slow down when hot)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    per: dict = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.device_time_total / 1e3
-    return dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
-
-
 def measure(graph, seconds: float) -> dict:
     idle = []
     with Sampler() as s_idle:
         for _ in range(3):
             time.sleep(2.0)
-            idle.append(replay_ms(graph))
+            idle.append(timing.replay_ms(graph))
     time.sleep(2.0)
-    cold_kernels = kernels_ms(graph)
+    cold_kernels = timing.kernel_times(graph.replay, top=8)
     times = []
     with Sampler() as s_hot:
         t0 = time.time()
         while time.time() - t0 < seconds:
-            times.append(replay_ms(graph))
-        hot_kernels = kernels_ms(graph)
+            times.append(timing.replay_ms(graph))
+        hot_kernels = timing.kernel_times(graph.replay, top=8)
     half = times[len(times) // 2:]
     return {"after_idle_ms": statistics.median(idle), "after_idle_each_ms": idle, "after_idle_clocks": s_idle.summary(),
             "sustained_ms": statistics.median(half), "sustained_first_ms": times[0], "sustained_steps": len(times),
-            "sustained_clocks": s_hot.summary(), "kernels_after_idle_ms": cold_kernels,
-            "kernels_sustained_ms": hot_kernels}
+            "sustained_clocks": s_hot.summary(), "kernels_after_idle": cold_kernels,
+            "kernels_sustained": hot_kernels}
 
 
 def main():
@@ -171,7 +136,7 @@ def main():
         for name in ("recompute", "four_gemm_bound", "logits", "eager", "recompute", "four_gemm_bound"):
             if time.time() - t0 > args.time_box:
                 break
-            graph = one_step_graph(steps[name])
+            graph, _ = timing.capture(steps[name], reps=1)
             rows.append({"shape": shape, "step": name, **measure(graph, args.seconds)})
             del graph
             torch.cuda.empty_cache()

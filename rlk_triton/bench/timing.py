@@ -49,9 +49,9 @@ def _reps(estimate_ms: float, most: int, target_ms: float = _GRAPH_MS) -> int:
     return max(1, min(most, int(target_ms / max(estimate_ms, 1e-3))))
 
 
-def graph_ms(fn: Callable, reps: Optional[int] = None) -> float:
-    """Device ms per call: `reps` calls in one CUDA graph, median of replays / reps. Raises when fn
-    cannot be captured."""
+def capture(fn: Callable, reps: Optional[int] = None) -> tuple:
+    """(graph, reps): fn warmed up, then `reps` calls (default: about _GRAPH_MS of them) captured in
+    one CUDA graph, replayed once. Raises when fn cannot be captured."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up off the capture stream: allocations and compiles stay out of it
@@ -64,15 +64,39 @@ def graph_ms(fn: Callable, reps: Optional[int] = None) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(_REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    return graph, reps
+
+
+def replay_ms(graph) -> float:
+    """Device ms of one replay of a captured graph (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def graph_ms(fn: Callable, reps: Optional[int] = None) -> float:
+    """Device ms per call: `reps` calls in one CUDA graph, median of replays / reps. Raises when fn
+    cannot be captured."""
+    graph, reps = capture(fn, reps)
+    return statistics.median(replay_ms(graph) / reps for _ in range(_REPLAYS))
+
+
+def kernel_times(fn: Callable, top: Optional[int] = None) -> list[dict]:
+    """[{kernel, calls, ms}] of one call of fn under torch.profiler, by device time, longest first
+    (names cut at 80 characters; `top` keeps the first so many)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            n, us = per.get(e.name[:80], (0, 0.0))
+            per[e.name[:80]] = (n + 1, us + e.device_time_total)
+    rows = sorted(({"kernel": k, "calls": n, "ms": us / 1e3} for k, (n, us) in per.items()), key=lambda r: -r["ms"])
+    return rows[:top] if top else rows
 
 
 def events_ms(fn: Callable) -> float:
