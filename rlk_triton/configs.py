@@ -47,13 +47,11 @@ class MatmulConfig:
     # linear_logp backward: vocab chunks per pass. The d logits of that many chunks are written at
     # once and d hidden folds them in one launch (matmul FOLD_K): the bits of one pass per chunk,
     # without the fp32 d hidden round trip between chunks; costs N x chunk_v x passes x 2 bytes.
-    # 1 in the table: 4 and 8 (with 128 x 128 d hidden tiles, which fit two fp32 tiles per thread)
-    # were within 1-2% on the H200 (docs/reports/h200-linear-logp-2026-12-04.json).
     chunks_per_pass: int = 1
-    # linear_logp backward: chunks per pass when the call has at most SMALL_PASS_ROWS rows (0 = as
-    # chunks_per_pass). Any count gives the same bits (above), so it may follow the rows: a small call's
-    # passes are short and their launches' host time shows (docs/linear_logp.md).
-    small_rows_chunks_per_pass: int = 0
+    # linear_logp backward: the most bytes one pass's d logits may take (0 = no cap). A call with many
+    # rows takes fewer chunks per pass, never fewer than one. Any count gives the same bits (above), so
+    # it may follow the rows; this caps the workspace at large N instead of letting it grow with N.
+    pass_workspace_max: int = 0
     # linear_logp's fused kernels: persistent programs (one per SM, tiles in grid order) reading the
     # operands through TMA tensor descriptors (matmul.dot_tile_desc). It changes how tiles are
     # loaded and scheduled, never a tile's K order: results are bitwise those of the pointer path.
@@ -271,13 +269,15 @@ def _matmul_rows():
                 t[("matmul", arch, dt, bucket)] = _SMALL_M[arch].get(
                     bucket, MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma))
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
-            # N <= SMALL_PASS_ROWS: 8 chunks per pass. At N 1024 (H 4096, V 151936) the eager fwd+bwd wall
-            # went 9.9 -> 8.7 ms (recompute) and 9.4 -> 7.0 ms (saved logits) at the same device time and
-            # bits; at N 4096-8192 more chunks per pass cost 0.3-1.9% device time
-            # (docs/reports/h200-linear-logp-passes-2026-12-04.json, h200-linear-logp-2026-12-04.json).
+            # 8 chunks per pass up to a 1 GiB workspace (16384 rows at chunk_v 4096 in bf16). On the H100 at
+            # 1, 2, 4, 8 chunks per pass, fwd+bwd device time (recompute) fell at every LM-head shape:
+            # 8192 x 4096 x 151936 64.4 -> 61.3 ms, 16384 x 2048 x 128256 54.5 -> 52.9, 4096 x 5120 x
+            # 151936 39.7 -> 38.3, the same bits (docs/reports/h100-linear-logp-passes-2026-12-05.json). At
+            # 1024 rows the host time of 38 short passes goes (H200: 9.9 -> 8.7 ms wall,
+            # docs/reports/h200-linear-logp-passes-2026-12-04.json).
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
-                                                                       persistent_tma=tma,
-                                                                       small_rows_chunks_per_pass=8)
+                                                                       persistent_tma=tma, chunks_per_pass=8,
+                                                                       pass_workspace_max=1 << 30)
             # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
             # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
             # same bits (docs/reports/h200-round4-2026-12-03.json). d weight = d_logits^T @ hidden takes
@@ -467,9 +467,6 @@ def _memo(fn):
 
 
 LOCKED_CONFIGS: dict[tuple[str, str, str, str], object] = _Table({**_rows(), **_matmul_rows()})
-
-# MatmulConfig.small_rows_chunks_per_pass applies to calls of at most this many rows.
-SMALL_PASS_ROWS = 2048
 
 
 def v_bucket(V: int) -> str:

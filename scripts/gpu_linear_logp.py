@@ -120,7 +120,7 @@ def main():
             for spec in args.sweep:
                 c, per, *dh = (int(x) for x in spec.split(":"))
                 configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per,
-                                                                  small_rows_chunks_per_pass=0)  # at every N
+                                                                  pass_workspace_max=0)  # at every N
                 configs.LOCKED_CONFIGS[dh_key] = (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1],
                                                                       num_stages=dh[2]) if dh else dh_locked)
                 for saved in ("recompute", "logits"):

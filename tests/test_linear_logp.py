@@ -145,19 +145,24 @@ def test_chunks_per_pass_gives_the_chunk_by_chunk_bits(device, saved, monkeypatc
             assert torch.equal(x, y)
 
 
-def test_small_calls_take_the_small_rows_chunks_per_pass():
-    """configs.small_rows_chunks_per_pass: calls of at most SMALL_PASS_ROWS rows take it, larger ones
-    the table's chunks_per_pass (the bits are the same either way: the test above)."""
+def test_chunks_per_pass_stay_within_the_pass_workspace_cap():
+    """configs.pass_workspace_max: a call takes the table's chunks_per_pass until one pass's d logits would
+    pass the cap, then fewer, never fewer than one (the bits are the same either way: the test above)."""
     import dataclasses
 
     from rlk_triton.ops.linear_logp import pass_chunks
 
-    cfg = dataclasses.replace(configs.MatmulConfig(16, 64, 32, 4, 4, 1), chunks_per_pass=2, small_rows_chunks_per_pass=8)
-    assert pass_chunks(cfg, 1) == pass_chunks(cfg, configs.SMALL_PASS_ROWS) == 8
-    assert pass_chunks(cfg, configs.SMALL_PASS_ROWS + 1) == 2
-    assert pass_chunks(dataclasses.replace(cfg, small_rows_chunks_per_pass=0), 1) == 2
+    cfg = dataclasses.replace(configs.MatmulConfig(16, 64, 32, 4, 4, 1), chunk_v=64, chunks_per_pass=8,
+                              pass_workspace_max=8 * 64 * 100 * 2)  # 8 chunks of 100 rows in 2 bytes
+    assert pass_chunks(cfg, 1, 2) == pass_chunks(cfg, 100, 2) == 8
+    assert pass_chunks(cfg, 101, 2) == 7 and pass_chunks(cfg, 200, 2) == 4 and pass_chunks(cfg, 100, 4) == 4
+    assert pass_chunks(cfg, 10 ** 6, 2) == 1
+    assert pass_chunks(dataclasses.replace(cfg, pass_workspace_max=0), 10 ** 6, 2) == 8
     sm90 = configs.LOCKED_CONFIGS[("linear_logp_dlogits", "sm90", "bfloat16", "any")]
-    assert pass_chunks(sm90, 1024) == 8 and pass_chunks(sm90, 8192) == 1
+    for n_rows in (1, 1024, 8192, 16384, 65536):
+        per = pass_chunks(sm90, n_rows, 2)
+        assert 1 <= per <= sm90.chunks_per_pass
+        assert per == 1 or n_rows * sm90.chunk_v * 2 * per <= sm90.pass_workspace_max
 
 
 def test_logp_does_not_depend_on_asking_for_entropy(device):

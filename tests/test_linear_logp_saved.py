@@ -162,7 +162,7 @@ def test_backward_memory_is_the_buffer_and_the_gradients():
     up = torch.randn(N, device="cuda")
     fwd, dl = op.tile_config("linear_logp_fwd", h), op.tile_config("linear_logp_dlogits", h)
     tiles = -(-V // fwd.block_n)
-    expect = (N * V * 2 + N * min(dl.chunk_v * op.pass_chunks(dl, N), V) * 2 + V * H * 2 + N * H * (2 + 4)
+    expect = (N * V * 2 + N * min(dl.chunk_v * op.pass_chunks(dl, N, 2), V) * 2 + V * H * 2 + N * H * (2 + 4)
               + (op.N_STATS + 1) * tiles * N * 4 + 8 * N * 4)
     step = lambda: torch.autograd.grad(linear_logp(h, w, targets, saved="logits"), (h, w), up)  # noqa: E731
     step()

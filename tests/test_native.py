@@ -67,7 +67,7 @@ def test_a_record_counts_only_with_this_fingerprint(cache):
 
 
 @pytest.mark.parametrize("op", sorted(native.OPS))
-def test_config_kernels_are_every_config_the_op_reads(op, monkeypatch):
+def test_config_kernels_are_every_config_the_op_reads(op, monkeypatch, device):
     """An admission depends on the op's own locked-config rows (NativeOp.config_kernels): every table
     lookup of the Triton launches the gate compares against, and of the native launchers' layouts, is
     one of them, so a change that could move the op's bits makes its record stale."""
@@ -78,7 +78,7 @@ def test_config_kernels_are_every_config_the_op_reads(op, monkeypatch):
         real = getattr(configs, name)
         monkeypatch.setattr(configs, name, lambda kernel, *a, _real=real, **k: read.add(kernel) or _real(kernel, *a, **k))
     spec = native.OPS[op]
-    cases = [inputs for _, inputs in spec.cases("cpu")]
+    cases = [inputs for _, inputs in spec.cases(device)]
     for inputs in sorted(cases, key=lambda c: c[0].numel())[:3]:  # the Triton launches, forward and backward
         spec.triton(*inputs)
     for inputs in cases:  # the native launchers' layouts, from the same rows, at every case

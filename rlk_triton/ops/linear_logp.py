@@ -294,12 +294,15 @@ def tile_config(kernel: str, hidden: torch.Tensor) -> configs.MatmulConfig:
     return configs.lookup_matmul(kernel, arch_of(hidden.device), hidden.dtype)
 
 
-def pass_chunks(cfg: configs.MatmulConfig, n_rows: int) -> int:
-    """Vocab chunks per backward pass for a call of n_rows rows: a speed choice only (every count gives
-    the bits of one pass per chunk: test_chunks_per_pass_gives_the_chunk_by_chunk_bits)."""
-    if cfg.small_rows_chunks_per_pass and n_rows <= configs.SMALL_PASS_ROWS:
-        return cfg.small_rows_chunks_per_pass
-    return max(1, cfg.chunks_per_pass)
+def pass_chunks(cfg: configs.MatmulConfig, n_rows: int, elem_bytes: int) -> int:
+    """Vocab chunks per backward pass for a call of n_rows rows of d logits of elem_bytes each: the
+    table's chunks_per_pass, fewer where one pass would pass pass_workspace_max. A speed and memory
+    choice only (every count gives the bits of one pass per chunk:
+    test_chunks_per_pass_gives_the_chunk_by_chunk_bits)."""
+    per = max(1, cfg.chunks_per_pass)
+    if cfg.pass_workspace_max:
+        per = min(per, cfg.pass_workspace_max // max(1, n_rows * cfg.chunk_v * elem_bytes))
+    return max(1, per)
 
 
 def chunk_count(V_local: int, chunk_v: int) -> int:
@@ -418,7 +421,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
                 grad_bias.zero_()
         acc = acc_in if acc_in is not None else torch.zeros((N, H), dtype=torch.float32, device=dev)
         return (acc.to(dt) if final else acc), grad_weight, grad_bias
-    P = C * pass_chunks(cfg, N)  # vocab columns per pass (whole chunks)
+    P = C * pass_chunks(cfg, N, hidden.element_size())  # vocab columns per pass (whole chunks)
     d_logits = torch.empty((N, min(P, V_local)), dtype=dt, device=dev)
     n_row_blocks = cdiv(N, cfg.block_m)
     dbias_part = (torch.empty((n_row_blocks, d_logits.shape[1]), dtype=torch.float32, device=dev)
