@@ -40,9 +40,9 @@ def main():
                          "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
     ap.add_argument("--sweep-every-shape", action="store_true",
-                    help="run --sweep at every shape, not only the first")
+                    help="run --sweep and --profile at every shape, not only the first")
     ap.add_argument("--profile", action="store_true",
-                    help="first shape only: device time per kernel, both modes and the bound's four GEMMs (on sm90 "
+                    help="first shape (see --sweep-every-shape): device time per kernel, both modes and the bound's four GEMMs (on sm90 "
                          "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
@@ -137,14 +137,15 @@ def main():
                     print(report["chunk_sweep"][-1], flush=True)
             configs.LOCKED_CONFIGS[key] = locked
             configs.LOCKED_CONFIGS[dh_key] = dh_locked
-            for saved in ("recompute", "logits", "four_gemm_bound") if args.profile and (N, H, V) == shapes[0] else ():
+            for saved in ("recompute", "logits", "four_gemm_bound") if args.profile else ():
                 # the bound's own kernels beside ours: which of our passes falls short of its cuBLAS GEMM
                 step = (partial(gemms, 4) if saved == "four_gemm_bound"
                         else fb(partial(linear_logp, validate=False, saved=saved)))
                 step()
                 torch.cuda.synchronize()
-                report["kernels"][saved] = kernel_times(step)
-                print(saved, report["kernels"][saved][:12], flush=True)
+                name = saved if (N, H, V) == shapes[0] else f"{saved} @ {N}x{H}x{V}"
+                report["kernels"][name] = kernel_times(step)
+                print(name, report["kernels"][name][:12], flush=True)
         del h, w, t, up, dl, ref, logp, grads, base_grads
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
