@@ -134,12 +134,66 @@ def _profile(fn, n=300):
     return s.getvalue()
 
 
+def runtime_calls(fn, n=5):
+    """The CUDA runtime calls n calls of fn make on the host (torch.profiler): count and host ms of each,
+    most time first. A cudaMalloc / cudaFree / synchronize here is a wait an eager caller pays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows = [{"name": e.key, "calls": e.count, "host_ms": e.cpu_time_total / 1e3}
+            for e in prof.key_averages() if e.key.startswith(("cuda", "cu"))]
+    return sorted(rows, key=lambda r: -r["host_ms"])[:14]
+
+
+def linear_logp_host(path):
+    """--linear-logp: where the 1024-token linear_logp fwd+bwd's wall time beyond its device time goes,
+    both modes: wall (three times, and after torch.cuda.empty_cache), device (CUDA graph), the sync
+    probe, the runtime calls, a cProfile."""
+    from functools import partial
+
+    from rlk_triton.logp import linear_logp
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    N, H, V = 1024, 4096, 151936
+    h = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(V, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    up = torch.randn(N, device="cuda", generator=g)
+    rows = []
+    for saved in ("recompute", "logits"):
+        fn = partial(linear_logp, validate=False, saved=saved)
+        step = lambda fn=fn: torch.autograd.grad(fn(h, w, t), (h, w), up)  # noqa: E731
+        name = f"linear_logp fwd+bwd {N} x {H} x {V} saved={saved}"
+        row = {"call": name, "device_ms": bench.graph_ms(step), "wall_ms": [bench.wall_ms(step) for _ in range(3)]}
+        torch.cuda.empty_cache()
+        row["wall_ms_after_empty_cache"] = bench.wall_ms(step)
+        row["sync_probe"] = sync_probe(name, step, n=5, sleep_cycles=60_000_000)
+        row["runtime_calls_per_5"] = runtime_calls(step)
+        row["profile"] = _profile(step, n=50)
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "profile"}, flush=True)
+        print(row["profile"], flush=True)
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--sync-only", action="store_true",
                     help="only the sync probes, at 20 and 300 calls, each beside the call's wall time")
+    ap.add_argument("--linear-logp", action="store_true",
+                    help="only linear_logp fwd+bwd at 1024 x 4096 x 151936, both modes (linear_logp_host)")
     args = ap.parse_args()
+    if args.linear_logp:
+        return linear_logp_host(args.json)
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
     x = torch.randn(4096, 4096, device="cuda", generator=g).to(bf)

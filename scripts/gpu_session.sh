@@ -35,7 +35,7 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
            echo "gemms: exit $?"; tail -c 2500 $OUT/gemms.log ;;
     clocks) timeout ${CLOCKS_S:-120} python3 scripts/gpu_linear_logp_clocks.py --out $OUT/clocks.json --commit $C --time-box $(( ${CLOCKS_S:-120} - 25 )) ${CLOCKS_ARGS:-} > $OUT/clocks.log 2>&1
             echo "clocks: exit $?"; tail -c 2500 $OUT/clocks.log ;;
-    profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json > $OUT/profile.log 2>&1
+    profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json ${PROFILE_ARGS:-} > $OUT/profile.log 2>&1
              echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;
     split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) ${SPLIT_ARGS:-} > $OUT/split.log 2>&1
            echo "split: exit $?"; tail -c 3000 $OUT/split.log
