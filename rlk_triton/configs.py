@@ -46,7 +46,7 @@ class MatmulConfig:
     chunk_v: int = 0  # linear_logp backward: the vocab chunk of d hidden's accumulation; 0 = unused
     # linear_logp backward: vocab chunks per pass. The d logits of that many chunks are written at
     # once and d hidden folds them in one launch (matmul FOLD_K): the bits of one pass per chunk,
-    # without the fp32 d hidden round trip between chunks; costs N x chunk_v x passes x 2 bytes.
+    # without the fp32 d hidden round trip between chunks; costs N x chunk_v x chunks_per_pass x 2 bytes.
     chunks_per_pass: int = 1
     # linear_logp backward: the most bytes one pass's d logits may take (0 = no cap). A call with many
     # rows takes fewer chunks per pass, never fewer than one. Any count gives the same bits (above), so
