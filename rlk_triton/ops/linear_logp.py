@@ -299,7 +299,7 @@ def pass_chunks(cfg: configs.MatmulConfig, n_rows: int, elem_bytes: int) -> int:
     table's chunks_per_pass, fewer where one pass would pass pass_workspace_max. A speed and memory
     choice only (every count gives the bits of one pass per chunk:
     test_chunks_per_pass_gives_the_chunk_by_chunk_bits)."""
-    per = max(1, cfg.chunks_per_pass)
+    per = cfg.chunks_per_pass
     if cfg.pass_workspace_max:
         per = min(per, cfg.pass_workspace_max // max(1, n_rows * cfg.chunk_v * elem_bytes))
     return max(1, per)
