@@ -22,6 +22,7 @@ import triton
 
 from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
+from rlk_triton.bench.cases import eager_linear_logp, linear_logp_gemms
 from rlk_triton.bench.timing import kernel_times, peak_extra_mib
 from rlk_triton.logp import linear_logp
 
@@ -70,15 +71,9 @@ def main():
         def fb(fn):
             return lambda: torch.autograd.grad(fn(h, w, t), (h, w), up)
 
-        def eager(h, w, t):
-            return torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
-
-        def gemms(n):
-            out = [h @ w.T for _ in range(n - 2)]
-            return out + [dl @ w, dl.T @ h]
-
-        eager_ms = graph_ms(fb(eager))
-        eager_gib = peak_extra_mib(fb(eager), "cuda") / 1024
+        gemms = partial(linear_logp_gemms, h, w, dl)  # gemms(4): the four-GEMM bound
+        eager_ms = graph_ms(fb(eager_linear_logp))
+        eager_gib = peak_extra_mib(fb(eager_linear_logp), "cuda") / 1024
         bound = {"recompute": graph_ms(partial(gemms, 4)), "logits": graph_ms(partial(gemms, 3))}
         ref, base_grads = None, {}
         modes = [("recompute", None), ("logits", None)] + [("logits", int(f * V)) for f in args.saved_vocab]

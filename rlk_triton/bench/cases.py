@@ -162,6 +162,17 @@ def _selected_logp_cases(size):
 
 # ---- linear_logp ----
 
+def eager_linear_logp(h, w, t):
+    """The baseline a user writes: the logits, then log_softmax and gather in fp32."""
+    return torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
+
+
+def linear_logp_gemms(h, w, d_logits, n):
+    """The cuBLAS bound of an exact fwd+bwd: n GEMMs of linear_logp's shapes and no softmax work. 4: the
+    logits, the logits again (recomputed), d hidden and d weight; 3 when the forward kept the logits."""
+    return [h @ w.T for _ in range(n - 2)] + [d_logits @ w, d_logits.T @ h]
+
+
 def _linear_logp(N, H, V, mode, main, dtype, device, quick, saved="recompute") -> Bound:
     from ..logp import linear_logp
 
@@ -171,9 +182,7 @@ def _linear_logp(N, H, V, mode, main, dtype, device, quick, saved="recompute") -
     t = torch.randint(0, V, (N,), device=device, generator=g)
     grads = (torch.randn(N, device=device, generator=g),)
     args, wrt = (h, w, t), (0, 1)
-
-    def eager(h, w, t):
-        return torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None]).squeeze(-1)
+    eager = eager_linear_logp
 
     def liger():
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
