@@ -3,7 +3,7 @@ same run. The rows the linear_logp issue asks for: {shape, mode, rlk_ms, eager_m
 gemm_bound_ms, extra_gib, eager_extra_gib, bitwise_logp_vs_recompute}.
 
     python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S] [--shapes NxHxV ...]
-        [--sweep CHUNK_V:PER_PASS ...] [--profile]
+        [--sweep CHUNK_V:PER_PASS ...] [--profile] [--bracket K]
 
 rlk_ms: CUDA-graph device time; rlk_wall_ms / wall_ms: eager calls from the host (host time included).
 
@@ -23,7 +23,7 @@ import triton
 from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
 from rlk_triton.bench.cases import eager_linear_logp, linear_logp_gemms
-from rlk_triton.bench.timing import kernel_times, peak_extra_mib
+from rlk_triton.bench.timing import bracketed_ratios, kernel_times, peak_extra_mib
 from rlk_triton.logp import linear_logp
 
 graph_ms = partial(bench.graph_ms, reps=3)
@@ -47,6 +47,9 @@ def main():
                          "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
+    ap.add_argument("--bracket", type=int, default=0, metavar="K",
+                    help="also, at every shape, saved='recompute' timed K times, each between two timings of the "
+                         "four-GEMM bound (bench.timing.bracketed_ratios): of_bound_bracketed_median / _min / _max")
     ap.add_argument("--shapes", nargs="*", default=None, metavar="NxHxV",
                     help="only these shapes (default: all); --sweep and --profile then run at the first of them")
     args = ap.parse_args()
@@ -107,6 +110,15 @@ def main():
                 r["of_four_gemm_bound_bracketed"] = (r["four_gemm_bound_ms"] + after) / 2 / r["rlk_ms"]
         print({"shape": f"{N} x {H} x {V}", "four_gemm_bound_ms": bound["recompute"], "after_our_rows_ms": after},
               flush=True)
+        if args.bracket:  # the target's ratio with the machine's drift taken out (the H100 at its power limit)
+            b = bracketed_ratios(fb(partial(linear_logp, validate=False, saved="recompute")), partial(gemms, 4),
+                                 args.bracket, graph_ms)
+            for r in rows:
+                if r["shape"] == f"{N} x {H} x {V}" and r["mode"] == "recompute":
+                    r.update({"of_bound_bracketed_median": b["median"], "of_bound_bracketed_min": b["min"],
+                              "of_bound_bracketed_max": b["max"], "bracketed_rlk_ms": b["fn_ms"],
+                              "bracketed_bound_ms": b["baseline_ms"]})
+            print({"shape": f"{N} x {H} x {V}", "bracketed": b}, flush=True)
         if (N, H, V) == shapes[0] or args.sweep_every_shape:
             key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
             locked = configs.LOCKED_CONFIGS[key]

@@ -144,3 +144,27 @@ def test_named_scripts_exist_or_name_their_commit():
     assert not dangling, dangling
     gone = "scripts/" + "gone.py"  # split: this file is among those checked
     assert ref.search(f"see {gone}").group(2) is None and ref.search(f"see {gone} at b0aabeb").group(2)
+
+
+def test_bracketed_ratios_cancel_a_drift_that_a_single_pair_does_not():
+    """A machine that slows by 1% a timing (the H100 at its power limit): fn takes 10 ms and the
+    baseline 9.7 when fresh. Each bracket's ratio is the fresh 0.97; one baseline-then-fn pair is not."""
+    from rlk_triton.bench.timing import bracketed_ratios
+
+    calls = []
+
+    def timer(f):
+        calls.append(f)
+        return f() * (1 + 0.01 * (len(calls) - 1))
+
+    fn, baseline = (lambda: 10.0), (lambda: 9.7)
+    r = bracketed_ratios(fn, baseline, 3, timer)
+    assert calls == [baseline, fn, baseline, fn, baseline, fn, baseline]
+    assert len(r["ratios"]) == 3 and all(abs(x - 0.97) < 1e-12 for x in r["ratios"])
+    assert r["median"] == sorted(r["ratios"])[1] and (r["min"], r["max"]) == (min(r["ratios"]), max(r["ratios"]))
+    assert abs(timer(baseline) / timer(fn) - 0.97) > 0.005  # the single pair's bias the brackets remove
+    jumped = iter([9.7, 10.0, 9.7, 12.0, 9.7, 10.0, 9.7])  # one bracket hit by a jump: the median skips it
+    r = bracketed_ratios(fn, baseline, 3, lambda f: next(jumped))
+    assert r["median"] == 0.97 and r["min"] < 0.81
+    with pytest.raises(ValueError, match="k"):
+        bracketed_ratios(fn, baseline, 0, timer)

@@ -137,6 +137,24 @@ def wall_ms(fn: Callable, n: Optional[int] = None, warmup: int = 3, device="cuda
     return (time.perf_counter() - t0) / n * 1e3
 
 
+def bracketed_ratios(fn: Callable, baseline: Callable, k: int, timer: Callable) -> dict:
+    """baseline's time / fn's time, k times, with each timing of fn bracketed by timings of baseline
+    before and after it (shared with the neighbouring brackets: k + 1 of them). A drift of the
+    machine's state through the run (clocks at the power limit, heat) that is slow against one
+    bracket cancels in each ratio; the median of the k then sets aside a bracket hit by a jump.
+    timer: fn -> ms (graph_ms on the GPU). {"ratios", "median", "min", "max", "fn_ms", "baseline_ms"}."""
+    if k < 1:
+        raise ValueError(f"k: need at least one bracket, got {k}")
+    base = [timer(baseline)]
+    ours = []
+    for _ in range(k):
+        ours.append(timer(fn))
+        base.append(timer(baseline))
+    ratios = [(base[i] + base[i + 1]) / 2 / ours[i] for i in range(k)]
+    return {"ratios": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "fn_ms": ours, "baseline_ms": base}
+
+
 def peak_extra_mib(fn: Callable, device) -> Optional[float]:
     """Peak device memory one call of fn allocates beyond what is live before it, in MiB (CUDA only:
     None elsewhere)."""
