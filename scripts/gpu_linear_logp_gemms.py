@@ -28,6 +28,7 @@ import triton
 
 from rlk_triton import bench, configs
 from rlk_triton._runtime import default_arch
+from rlk_triton.bench.timing import bracketed_ratios
 from rlk_triton.logp import linear_logp
 from rlk_triton.ops.linear_logp import pass_chunks
 from rlk_triton.ops.matmul import matmul_into
@@ -90,6 +91,9 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--shapes", nargs="*", default=["1024x4096x151936", "8192x4096x151936"], metavar="NxHxV")
     ap.add_argument("--time-box", type=float, default=1e9)
+    ap.add_argument("--bracket", type=int, default=0, metavar="K",
+                    help="also fwd+bwd with d weight on pointers timed K times, each between two timings with "
+                         "the locked descriptors (bench.timing.bracketed_ratios)")
     args = ap.parse_args()
     t0 = time.time()
     arch = default_arch()
@@ -171,6 +175,24 @@ def main():
             rows.append(r)
             print(r, flush=True)
         configs.LOCKED_CONFIGS.update(saved)
+        if args.bracket:  # each step on pointers timed between two on descriptors: the machine's drift out
+            def step_with(tma):
+                def step():
+                    for k in mm_keys:  # host-side choice: the captured graph holds the chosen kernels
+                        configs.LOCKED_CONFIGS[k] = dataclasses.replace(saved[k], persistent_tma=tma)
+                    return torch.autograd.grad(linear_logp(h, W, t, validate=False), (h, W), up)
+                return step
+
+            try:
+                b = bracketed_ratios(step_with(False), step_with(True), args.bracket, graph_ms)
+            finally:
+                configs.LOCKED_CONFIGS.update(saved)
+            r = {"shape": f"{N} x {H} x {V}", "gemm": "linear_logp fwd+bwd, recompute",
+                 "variant": "d weight on pointers, each timing between two of the locked descriptors",
+                 "locked_ms_over_pointers_ms_median": b["median"], "min": b["min"], "max": b["max"],
+                 "pointers_ms": b["fn_ms"], "locked_ms": b["baseline_ms"]}
+            rows.append(r)
+            print(r, flush=True)
         in_operator(h, W, t, up, shape, rows)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
