@@ -38,7 +38,8 @@ def main():
     ap.add_argument("--time-box", type=float, default=1e9)
     ap.add_argument("--sweep", nargs="*", default=[], metavar="CHUNK_V:PER_PASS[:BN:BK:STAGES]",
                     help="first shape only: both modes at these linear_logp_dlogits chunk_v / chunks_per_pass "
-                         "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits), optionally "
+                         "(another chunk_v is another d hidden order; chunks_per_pass keeps the bits; the locked "
+                         "pass_workspace_max caps it), optionally "
                          "with d hidden's tiles (block_n, block_k, stages)")
     ap.add_argument("--sweep-every-shape", action="store_true",
                     help="run --sweep and --profile at every shape, not only the first")
@@ -47,6 +48,9 @@ def main():
                          "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
+    ap.add_argument("--sweep-bracket", type=int, default=0, metavar="K",
+                    help="also each --sweep row's saved='recompute' timed K times between two timings of the locked "
+                         "row (bench.timing.bracketed_ratios): locked_ms_over_this_bracketed_median")
     ap.add_argument("--bracket", type=int, default=0, metavar="K",
                     help="also, at every shape, saved='recompute' timed K times, each between two timings of the "
                          "four-GEMM bound (bench.timing.bracketed_ratios): of_bound_bracketed_median / _min / _max")
@@ -126,10 +130,27 @@ def main():
             dh_locked = configs.LOCKED_CONFIGS[dh_key]
             for spec in args.sweep:
                 c, per, *dh = (int(x) for x in spec.split(":"))
-                configs.LOCKED_CONFIGS[key] = dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per,
-                                                                  pass_workspace_max=0)  # at every N
-                configs.LOCKED_CONFIGS[dh_key] = (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1],
-                                                                      num_stages=dh[2]) if dh else dh_locked)
+                rows_of = {key: dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per),  # under the locked cap
+                           dh_key: (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1], num_stages=dh[2])
+                                    if dh else dh_locked)}
+                if args.sweep_bracket:  # this row against the locked one, alternated: the machine's drift out
+                    def step_with(table):
+                        def step():
+                            configs.LOCKED_CONFIGS.update(table)  # host side: the graph holds the kernels chosen
+                            return fb(partial(linear_logp, validate=False))()
+                        return step
+
+                    try:
+                        b = bracketed_ratios(step_with(rows_of), step_with({key: locked, dh_key: dh_locked}),
+                                             args.sweep_bracket, graph_ms)
+                    finally:
+                        configs.LOCKED_CONFIGS.update({key: locked, dh_key: dh_locked})
+                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": "recompute", "chunk_v": c,
+                                                  "chunks_per_pass": per, "locked_ms_over_this_bracketed_median":
+                                                  b["median"], "min": b["min"], "max": b["max"],
+                                                  "this_ms": b["fn_ms"], "locked_ms": b["baseline_ms"]})
+                    print(report["chunk_sweep"][-1], flush=True)
+                configs.LOCKED_CONFIGS.update(rows_of)
                 for saved in ("recompute", "logits"):
                     fn = partial(linear_logp, validate=False, saved=saved)
                     grads = fb(fn)()
