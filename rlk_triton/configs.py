@@ -269,14 +269,17 @@ def _matmul_rows():
                 t[("matmul", arch, dt, bucket)] = _SMALL_M[arch].get(
                     bucket, MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma))
             t[("linear_logp_fwd", arch, dt, "any")] = MatmulConfig(128, 256, 64, 16, 8, 3, persistent_tma=tma)
-            # 8 chunks per pass up to a 1 GiB workspace (16384 rows at chunk_v 4096 in bf16). On the H100 at
-            # 1, 2, 4, 8 chunks per pass, fwd+bwd device time (recompute) fell at every LM-head shape:
-            # 8192 x 4096 x 151936 64.4 -> 61.3 ms, 16384 x 2048 x 128256 54.5 -> 52.9, 4096 x 5120 x
-            # 151936 39.7 -> 38.3, the same bits (docs/reports/h100-linear-logp-passes-2026-12-05.json). At
-            # 1024 rows the host time of 38 short passes goes (H200: 9.9 -> 8.7 ms wall,
-            # docs/reports/h200-linear-logp-passes-2026-12-04.json).
+            # 16 chunks per pass up to a 1 GiB workspace (8192 rows at chunk_v 4096 in bf16; 8 at 16384 rows).
+            # On the H100 at 1, 2, 4, 8 chunks per pass, fwd+bwd device time (recompute) fell at every
+            # LM-head shape: 8192 x 4096 x 151936 64.4 -> 61.3 ms, 16384 x 2048 x 128256 54.5 -> 52.9,
+            # 4096 x 5120 x 151936 39.7 -> 38.3 (docs/reports/h100-linear-logp-passes-2026-12-05.json); 16
+            # against 8, each timing between two of the other: 1.027x at 1024 rows, 1.005x at 4096, 1.007x at
+            # 8192 (x 4096 and x 8192); as many as the cap allows (38, 32, 16) 1.017x / 1.008x / the same
+            # config at 8192, for up to 0.5 GiB more (docs/reports/h100-linear-logp-2026-12-05-chunks16.json).
+            # The same bits at every count. At 1024 rows the host time of 38 short passes goes too (H200:
+            # 9.9 -> 8.7 ms wall, docs/reports/h200-linear-logp-passes-2026-12-04.json).
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,
-                                                                       persistent_tma=tma, chunks_per_pass=8,
+                                                                       persistent_tma=tma, chunks_per_pass=16,
                                                                        pass_workspace_max=1 << 30)
             # d hidden += d_logits @ W_chunk: matmul's tiles on its persistent descriptor kernel
             # (matmul_into's _matmul_desc_kernel): 618 TFLOP/s against 559 on the pointer kernel, the
