@@ -48,6 +48,8 @@ def main():
                          "d weight and d hidden are both _matmul_desc_kernel: gpu_linear_logp_gemms.py times them apart)")
     ap.add_argument("--saved-vocab", nargs="*", type=float, default=[], metavar="FRACTION",
                     help="also saved='logits' keeping these fractions of the vocab (saved_vocab = FRACTION x V)")
+    ap.add_argument("--sweep-workspace-gib", type=float, default=0, metavar="GIB",
+                    help="the sweep rows' pass_workspace_max in GiB (default: the locked cap)")
     ap.add_argument("--sweep-bracket", type=int, default=0, metavar="K",
                     help="also each --sweep row's saved='recompute' timed K times between two timings of the locked "
                          "row (bench.timing.bracketed_ratios): locked_ms_over_this_bracketed_median")
@@ -130,7 +132,8 @@ def main():
             dh_locked = configs.LOCKED_CONFIGS[dh_key]
             for spec in args.sweep:
                 c, per, *dh = (int(x) for x in spec.split(":"))
-                rows_of = {key: dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per),  # under the locked cap
+                cap = int(args.sweep_workspace_gib * 2**30) if args.sweep_workspace_gib else locked.pass_workspace_max
+                rows_of = {key: dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per, pass_workspace_max=cap),
                            dh_key: (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1], num_stages=dh[2])
                                     if dh else dh_locked)}
                 if args.sweep_bracket:  # this row against the locked one, alternated: the machine's drift out
