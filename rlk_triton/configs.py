@@ -274,8 +274,9 @@ def _matmul_rows():
             # LM-head shape: 8192 x 4096 x 151936 64.4 -> 61.3 ms, 16384 x 2048 x 128256 54.5 -> 52.9,
             # 4096 x 5120 x 151936 39.7 -> 38.3 (docs/reports/h100-linear-logp-passes-2026-12-05.json); 16
             # against 8, each timing between two of the other: 1.027x at 1024 rows, 1.005x at 4096, 1.007x at
-            # 8192 (x 4096 and x 8192); as many as the cap allows (38, 32, 16) 1.017x / 1.008x / the same
-            # config at 8192, for up to 0.5 GiB more (docs/reports/h100-linear-logp-2026-12-05-chunks16.json).
+            # 8192 (x 4096 and x 8192), for up to 0.5 GiB more (8192 rows: the 1 GiB workspace against 0.5); as
+            # many as the cap allows (38, 32, 16) 1.017x / 1.008x / the same config at 8192, for up to 0.75
+            # GiB more (docs/reports/h100-linear-logp-2026-12-05-chunks16.json).
             # The same bits at every count. At 1024 rows the host time of 38 short passes goes too (H200:
             # 9.9 -> 8.7 ms wall, docs/reports/h200-linear-logp-passes-2026-12-04.json).
             t[("linear_logp_dlogits", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, chunk_v=4096,

@@ -114,7 +114,7 @@ def main():
             break
         N, H, V = (int(x) for x in spec.split("x"))
         C = dl_cfg.chunk_v
-        P = C * pass_chunks(dl_cfg, N, 2)
+        P = C * pass_chunks(dl_cfg, N, dt.itemsize)
         hidden = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt)
         w = (torch.randn(P, H, device="cuda", generator=g) * 0.02).to(dt)
         d = (torch.randn(N, P, device="cuda", generator=g) * 1e-3).to(dt)
