@@ -115,9 +115,6 @@ _DTYPES = ("bfloat16", "float16", "float32")
 # tiles makes.
 M_BUCKETS = (16, 64, 256, None)
 N_BUCKETS = (4096, None)
-# linear_logp's d hidden GEMM: the tokens of the call (its M). Up to 1024 rows the 128 x 256 tiles make
-# at most one wave of 128 programs that each fold the whole vocabulary; smaller tiles there.
-DH_ROW_BUCKETS = (1024, None)
 PAIR_BUCKETS = (64, None)
 Q_BUCKETS = (64, None)
 
@@ -135,11 +132,6 @@ def m_bucket(M: int, N: int | None = None) -> str:
     return m if N is None else f"{m},{_row_bucket('n', N_BUCKETS, N)}"
 
 
-def dh_bucket(rows: int) -> str:
-    """linear_logp_dhidden's bucket of the call's rows (the table's keys)."""
-    return _row_bucket("rows", DH_ROW_BUCKETS, rows)
-
-
 def pair_bucket(pairs: int, q_rows: int | None = None) -> str:
     """attention_decode's bucket: of the pairs, and with q_rows given, "pairs...,q..." (the table's)."""
     p = _row_bucket("pairs", PAIR_BUCKETS, pairs)
@@ -148,7 +140,6 @@ def pair_bucket(pairs: int, q_rows: int | None = None) -> str:
 
 M_BUCKET_NAMES = tuple(m_bucket(m if m is not None else M_BUCKETS[-2] + 1, n if n is not None else N_BUCKETS[-2] + 1)
                        for m in M_BUCKETS for n in N_BUCKETS)  # the last one: the class reference's
-DH_BUCKET_NAMES = tuple(dh_bucket(r if r is not None else DH_ROW_BUCKETS[-2] + 1) for r in DH_ROW_BUCKETS)
 PAIR_BUCKET_NAMES = tuple(pair_bucket(p if p is not None else PAIR_BUCKETS[-2] + 1, q if q is not None else Q_BUCKETS[-2] + 1)
                           for p in PAIR_BUCKETS for q in Q_BUCKETS)
 
@@ -261,10 +252,8 @@ def _rows():
 
 
 def _matmul_rows():
-    """tl.dot kernels: the generic matmul and linear_logp's fused kernels. The fused kernels have one
-    shape bucket ("any"): their tiles depend on (kernel, arch, dtype) only. The matmul and linear_logp's
-    d hidden GEMM have row buckets whose members give the same bits (BIT_CLASSES). fp32 runs as IEEE
-    fp32 (no TF32) on CUDA cores."""
+    """tl.dot kernels: the generic matmul and linear_logp's fused kernels. One shape bucket ("any"):
+    tiles depend on (kernel, arch, dtype) only. fp32 runs as IEEE fp32 (no TF32) on CUDA cores."""
     t = {}
     for arch in ("sm90", "cuda"):
         for dt in ("bfloat16", "float16"):
@@ -298,21 +287,12 @@ def _matmul_rows():
             # same bits (docs/reports/h200-round4-2026-12-03.json). d weight = d_logits^T @ hidden takes
             # the "matmul" row, and with it the descriptor kernel (A_T): 1.08x the pointer kernel at 1024
             # tokens, 1.03x at 8192, the same bits (H100, h100-linear-logp-gemms-2026-12-05.json).
-            # Up to 1024 rows (one wave of 128 x 256 tiles, each folding the whole vocabulary; the fold keeps
-            # two fp32 tiles live: 176 B of spills a thread) the sm90 rows take 128 x 128 tiles, 4 stages (no
-            # spills, 186 registers). Same k16 MMA steps in the same chunk order: bit class
-            # "linear_logp_dhidden" (tests/test_config_classes.py on the GPU).
-            big = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
-            for bucket in DH_BUCKET_NAMES:
-                small = tma and bucket == DH_BUCKET_NAMES[0]
-                t[("linear_logp_dhidden", arch, dt, bucket)] = (
-                    MatmulConfig(128, 128, 64, 8, 8, 4, persistent_tma=tma) if small else big)
+            t[("linear_logp_dhidden", arch, dt, "any")] = MatmulConfig(128, 256, 64, 8, 8, 3, persistent_tma=tma)
         for b in M_BUCKET_NAMES:  # fp32 (IEEE FMA, not a decode dtype): one config for every M
             t[("matmul", arch, "float32", b)] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_fwd", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
         t[("linear_logp_dlogits", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2, chunk_v=4096)
-        for bucket in DH_BUCKET_NAMES:
-            t[("linear_logp_dhidden", arch, "float32", bucket)] = MatmulConfig(64, 64, 32, 8, 4, 2)
+        t[("linear_logp_dhidden", arch, "float32", "any")] = MatmulConfig(64, 64, 32, 8, 4, 2)
     # The interpreter pays per program-iteration: small problems, so small tiles and chunks that
     # still give tests several chunks and several K steps.
     for dt in _DTYPES:
@@ -323,10 +303,7 @@ def _matmul_rows():
             t[("matmul", "interpreter", dt, b)] = MatmulConfig(16 if small else 32, 32 if small else 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
-        for bucket in DH_BUCKET_NAMES:  # narrower tiles in the small bucket, the same BLOCK_K
-            small = bucket == DH_BUCKET_NAMES[0]
-            t[("linear_logp_dhidden", "interpreter", dt, bucket)] = MatmulConfig(16 if small else 32, 32 if small else 64,
-                                                                                 32, 4, 4, 1)
+        t[("linear_logp_dhidden", "interpreter", dt, "any")] = MatmulConfig(32, 64, 32, 4, 4, 1)
     # Attention (rlk_triton/ops/attention.py): block_m = query rows per tile, block_n = the KV block
     # of the online softmax (the reduction order), block_k = 0 (the head dim is the whole K), group_m
     # unused. Bucket: the head dim ("d<=128", "d256": a property of the model, never of the batch).
@@ -529,17 +506,13 @@ def lookup(kernel: str, arch: str, dtype: torch.dtype, V: int) -> LaunchConfig:
 def lookup_matmul(kernel: str, arch: str, dtype: torch.dtype, rows: int | None = None,
                   cols: int | None = None) -> MatmulConfig:
     """The locked tiles of a tl.dot kernel: a function of (kernel, arch, dtype), and for a kernel with
-    row buckets of the buckets of `rows` (M) and `cols` (N; the matmul only): a member of the kernel's
-    bit class. rows=None gives the class reference (callers that need one config for every row count)."""
+    row buckets (the matmul) of the buckets of `rows` (M) and `cols` (N): a member of the kernel's bit
+    class. rows=None gives the class reference (callers that need one config for every row count)."""
     dt = str(dtype).removeprefix("torch.")
     arch_key = table_arch(arch, kernel)
     key = (kernel, arch_key, dt, "any")
     if key not in LOCKED_CONFIGS:
-        if kernel == "linear_logp_dhidden":
-            bucket = DH_BUCKET_NAMES[-1] if rows is None else dh_bucket(rows)
-        else:
-            bucket = M_BUCKET_NAMES[-1] if rows is None else m_bucket(rows, cols or 1)
-        key = (kernel, arch_key, dt, bucket)
+        key = (kernel, arch_key, dt, M_BUCKET_NAMES[-1] if rows is None else m_bucket(rows, cols or 1))
     try:
         return LOCKED_CONFIGS[key]
     except KeyError:
@@ -616,9 +589,6 @@ def _bit_classes() -> tuple[BitClass, ...]:
         if kernel == "matmul" and bucket == M_BUCKET_NAMES[-1]:
             out.append(BitClass(f"matmul/{arch}/{dt}", (kernel, arch, dt, bucket),
                                 tuple(("matmul", arch, dt, b) for b in M_BUCKET_NAMES), _families(dt, kernel)))
-        if kernel == "linear_logp_dhidden" and bucket == DH_BUCKET_NAMES[-1]:
-            out.append(BitClass(f"linear_logp_dhidden/{arch}/{dt}", (kernel, arch, dt, bucket),
-                                tuple((kernel, arch, dt, b) for b in DH_BUCKET_NAMES), _families(dt, kernel)))
         if kernel == "attention_fwd":
             out.append(BitClass(f"attention/{arch}/{dt}/{bucket}", (kernel, arch, dt, bucket),
                                 ((kernel, arch, dt, bucket),)

@@ -53,11 +53,11 @@ def configs_md() -> str:
     rows = configs.table_as_data()
     out = [HEADER, "# Locked launch configs\n",
            "One table, no autotune: a config is a pure function of (kernel, arch, dtype, shape bucket). A bucket "
-           "of the rows (the matmul's M, linear_logp d hidden's tokens, a decode step's sequences) chooses only "
-           "among the members of a bit class, configs that give every element the same bits "
-           "(`configs.BIT_CLASSES`, checked with torch.equal on the GPU by tests/test_config_classes.py), so a "
-           "row's value never depends on the batch. Source: `rlk_triton/configs.py`. The build fingerprint "
-           "(hash of this table, the triton version and the arch) is printed by `rlk-triton configs`.\n",
+           "of the rows (the matmul's M, a decode step's sequences) chooses only among the members of a bit "
+           "class, configs that give every element the same bits (`configs.BIT_CLASSES`, checked with "
+           "torch.equal on the GPU by tests/test_config_classes.py), so a row's value never depends on the "
+           "batch. Source: `rlk_triton/configs.py`. The build fingerprint (hash of this table, the triton "
+           "version and the arch) is printed by `rlk-triton configs`.\n",
            "## Row kernels\n",
            "| kernel | arch | dtype | V bucket | block_v | num_warps | num_stages |",
            "|---|---|---|---|---|---|---|"]
@@ -67,7 +67,7 @@ def configs_md() -> str:
                        f"{r['num_warps']} | {r['num_stages']} |")
     out += ["\n## tl.dot kernels\n",
             "No split-K; block_k is the step of the ascending K loop. Bucket: attention's head dim; the matmul's "
-            "M and N; linear_logp d hidden's rows; else any. "
+            "M and N; else any. "
             "chunk_v is linear_logp's canonical vocab chunk (docs/linear_logp.md); tma: the kernel runs "
             "persistent over TMA descriptors (the same bits as the pointer path).\n",
             "| kernel | arch | dtype | bucket | block_m | block_n | block_k | group_m | num_warps | num_stages "

@@ -9,10 +9,9 @@ Each row carries a digest of the kernel's PTX without its debug info (`.loc` / `
 debug sections) and its MMA instructions: with --baseline, a row whose digest differs from the
 earlier report's is printed CHANGED (a refactor that claims "same instructions" must print SAME).
 
-Every member of the sm90 bf16 bit classes (configs.BIT_CLASSES: the matmul's M buckets, d hidden's row
-buckets, the decode configs) is compiled too, and its MMA instruction families checked against the
-class's: a member that compiles to another family (mma.sync instead of wgmma, another K step) leaves
-what the GPU gate proved.
+Every member of the sm90 bf16 bit classes (configs.BIT_CLASSES: the matmul's M buckets, the decode
+configs) is compiled too, and its MMA instruction families checked against the class's: a member that
+compiles to another family (mma.sync instead of wgmma, another K step) leaves what the GPU gate proved.
 
 Kernels are specialized as the JIT specializes a launch with the given argument values (aligned
 pointers and ints divisible by 16 marked): that decides vector widths, so layouts and a reduction's
@@ -384,17 +383,6 @@ def class_cases():
                                 UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
                     out.append((cls, name + " (pointers)", mm._matmul_kernel, args, cfg.num_warps, cfg.num_stages))
-            elif key[0] == "linear_logp_dhidden":  # d hidden += d_logits @ W, vocab chunks folded
-                M, N, K = 1024, 4096, 8192
-                fold = configs.lookup_matmul("linear_logp_dlogits", "sm90", torch.bfloat16).chunk_v
-                args = dict(a_desc=TensorDescriptor.from_tensor(_t(M, K), [cfg.block_m, cfg.block_k]),
-                            b_desc=TensorDescriptor.from_tensor(_t(K, N), [cfg.block_k, cfg.block_n]),
-                            c_in_ptr=_t(M, N, dtype=f32), stride_cm=N, out_ptr=_t(M, N, dtype=f32), stride_om=N,
-                            bias_ptr=_t(N, dtype=f32), M=M, N=N, K=K, n_progs=132, ACCUMULATE=True, HAS_BIAS=False,
-                            UPCAST=False, IEEE=False, B_T=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold)
-                out.append((cls, name + " (descriptors, FOLD_K)", mm._matmul_desc_kernel, args, cfg.num_warps,
-                            cfg.num_stages))
             elif key[0] == "attention_decode":
                 Hq, Hkv, D, N = 16, 8, 128, 64
                 q, lse, cu, cache = _t(N, Hq, D), _t(Hq, N, dtype=f32), _t(65, dtype=i32), _t(64, 256, Hkv, D)

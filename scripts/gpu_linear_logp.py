@@ -128,7 +128,7 @@ def main():
         if (N, H, V) == shapes[0] or args.sweep_every_shape:
             key = ("linear_logp_dlogits", configs.table_arch(default_arch(), "linear_logp_dlogits"), "bfloat16", "any")
             locked = configs.LOCKED_CONFIGS[key]
-            dh_key = ("linear_logp_dhidden",) + key[1:3] + (configs.dh_bucket(N),)  # this call's member
+            dh_key = ("linear_logp_dhidden",) + key[1:]
             dh_locked = configs.LOCKED_CONFIGS[dh_key]
             for spec in args.sweep:
                 c, per, *dh = (int(x) for x in spec.split(":"))

@@ -106,13 +106,13 @@ def main():
     mm_keys = [k for k in configs.LOCKED_CONFIGS if k[0] == "matmul" and k[1] == configs.table_arch(arch, "matmul")
                and k[2] == "bfloat16"]
     dl_cfg = configs.lookup_matmul("linear_logp_dlogits", arch, dt)
+    dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch, dt)
     mm_cfg = configs.lookup_matmul("matmul", arch, dt)
     g = torch.Generator(device="cuda").manual_seed(0)
     for spec in args.shapes:
         if time.time() - t0 > args.time_box:
             break
         N, H, V = (int(x) for x in spec.split("x"))
-        dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch, dt, rows=N)  # the operator's member
         C = dl_cfg.chunk_v
         P = C * pass_chunks(dl_cfg, N, dt.itemsize)
         hidden = (torch.randn(N, H, device="cuda", generator=g) * 0.5).to(dt)

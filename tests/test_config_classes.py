@@ -41,7 +41,7 @@ def test_every_row_bucket_has_a_class():
     """A config chosen by the rows is locked only as a class member."""
     members = {k for c in configs.BIT_CLASSES for k in c.members}
     for key in configs.LOCKED_CONFIGS:
-        if key[0] in ("matmul", "linear_logp_dhidden", "attention_decode"):
+        if key[0] == "matmul" or key[0] == "attention_decode":
             assert key in members, key
 
 
@@ -52,7 +52,7 @@ def test_members_keep_the_reduction_order():
             cfg = configs.LOCKED_CONFIGS[key]
             if c.reference[0] == "attention_fwd":  # the KV block of the online softmax
                 assert cfg.block_n == ref.block_n, key
-            if c.reference[1] == "interpreter" and c.reference[0] in ("matmul", "linear_logp_dhidden"):
+            if c.reference[1] == "interpreter" and c.reference[0] == "matmul":
                 # the interpreter sums a K step with np.sum: its order depends on BLOCK_K
                 assert cfg.block_k == ref.block_k, key
 
@@ -61,15 +61,12 @@ def test_row_buckets_and_their_boundaries():
     assert [configs.m_bucket(m) for m in (1, 16, 17, 64, 65, 256, 257, 4096)] == \
         ["m<=16", "m<=16", "m<=64", "m<=64", "m<=256", "m<=256", "m>256", "m>256"]
     assert [configs.m_bucket(8, n) for n in (1, 4096, 4097)] == ["m<=16,n<=4096", "m<=16,n<=4096", "m<=16,n>4096"]
-    assert [configs.dh_bucket(r) for r in (1, 1024, 1025)] == ["rows<=1024", "rows<=1024", "rows>1024"]
     assert [configs.pair_bucket(p) for p in (1, 64, 65)] == ["pairs<=64", "pairs<=64", "pairs>64"]
     assert [configs.pair_bucket(8, q) for q in (1, 64, 65)] == ["pairs<=64,q<=64", "pairs<=64,q<=64", "pairs<=64,q>64"]
     for arch in ("interpreter", "sm90", "sm80"):
         for dt in DTYPES:
             ref = configs.lookup_matmul("matmul", arch, dt)
             assert ref == configs.lookup_matmul("matmul", arch, dt, rows=10**6)
-            assert configs.lookup_matmul("linear_logp_dhidden", arch, dt) == \
-                configs.lookup_matmul("linear_logp_dhidden", arch, dt, rows=10**6)
             assert configs.lookup_decode(arch, dt, 128) == configs.lookup_decode(arch, dt, 128, 10**6, 10**6)
 
 
@@ -106,31 +103,6 @@ def test_matmul_members_give_the_reference_bits(device, dtype):
                 got = matmul_into(a, b, torch.empty(M, N, device=device, dtype=dtype), cfg=cfg)
                 got32 = matmul_into(a, b, torch.empty(M, N, device=device), cfg=cfg)
                 assert torch.equal(got, ref) and torch.equal(got32, ref32), (key, M, N, K)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_dhidden_members_give_the_reference_bits(device, dtype):
-    """linear_logp's d hidden GEMM as the operator runs it (vocab chunks folded, an fp32 running total
-    in, an fp32 total or the final low-precision d hidden out) under every row bucket's tiles, at row
-    counts on both sides of the boundary, K tails inside a chunk and N not a multiple of the tiles."""
-    gen = torch.Generator().manual_seed(7)
-    (cls,) = [c for c in _classes(device, "linear_logp_dhidden") if c.reference[2] == str(dtype).removeprefix("torch.")]
-    ref_cfg = configs.LOCKED_CONFIGS[cls.reference]
-    arch = configs.table_arch(arch_of(torch.device(device)), "linear_logp_dlogits")
-    fold = configs.LOCKED_CONFIGS[("linear_logp_dlogits", arch, cls.reference[2], "any")].chunk_v
-    shapes = ([(5, 40, 2 * fold + 8), (37, 72, fold)] if device == "cpu" else
-              [(1000, 4096, 3 * fold + 8), (1100, 2048, 2 * fold), (7, 4160, fold + 64)])
-    for M, N, K in shapes:
-        d = torch.randn(M, K, generator=gen).to(device, dtype)
-        w = (torch.randn(K, N, generator=gen) / K**0.5).to(device, dtype)
-        acc = torch.randn(M, N, generator=gen).to(device)
-        for out_dtype in (torch.float32, dtype):
-            ref = matmul_into(d, w, torch.empty(M, N, device=device, dtype=out_dtype), c_in=acc, cfg=ref_cfg,
-                              fold_k=fold)
-            for key in cls.members:
-                got = matmul_into(d, w, torch.empty(M, N, device=device, dtype=out_dtype), c_in=acc,
-                                  cfg=configs.LOCKED_CONFIGS[key], fold_k=fold)
-                assert torch.equal(got, ref), (key, M, N, K, out_dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -429,7 +429,7 @@ def backward_chunks(grad_logp, grad_entropy, hidden, weight, bias, target_local,
     with_h = grad_entropy is not None
     upcast, ieee = operand_flags(dt)
     mm_cfg = configs.lookup_matmul("matmul", arch_of(dev), dt)
-    dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch_of(dev), dt, rows=N)  # a bit-class member
+    dh_cfg = configs.lookup_matmul("linear_logp_dhidden", arch_of(dev), dt)
     x_desc, w_desc, desc = _operands(cfg, hidden, weight)
     if saved is not None:
         fwd = tile_config("linear_logp_fwd", hidden)
