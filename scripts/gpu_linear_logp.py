@@ -3,7 +3,7 @@ same run. The rows the linear_logp issue asks for: {shape, mode, rlk_ms, eager_m
 gemm_bound_ms, extra_gib, eager_extra_gib, bitwise_logp_vs_recompute}.
 
     python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S] [--shapes NxHxV ...]
-        [--sweep CHUNK_V:PER_PASS ...] [--profile] [--bracket K]
+        [--sweep CHUNK_V:PER_PASS ...] [--profile] [--bracket K] [--merge-sweep BLOCK:WARPS:TILES ...]
 
 rlk_ms: CUDA-graph device time; rlk_wall_ms / wall_ms: eager calls from the host (host time included).
 
@@ -56,6 +56,10 @@ def main():
     ap.add_argument("--bracket", type=int, default=0, metavar="K",
                     help="also, at every shape, saved='recompute' timed K times, each between two timings of the "
                          "four-GEMM bound (bench.timing.bracketed_ratios): of_bound_bracketed_median / _min / _max")
+    ap.add_argument("--merge-sweep", nargs="*", default=[], metavar="BLOCK:WARPS:TILES",
+                    help="first shape (see --sweep-every-shape): the merge kernel alone at these launches (rows per "
+                         "program, warps, tiles per unrolled step) on the forward's tile states, timed and compared "
+                         "bitwise with the locked launch and with the tile-by-tile loop (128:4:1)")
     ap.add_argument("--shapes", nargs="*", default=None, metavar="NxHxV",
                     help="only these shapes (default: all); --sweep and --profile then run at the first of them")
     args = ap.parse_args()
@@ -65,7 +69,7 @@ def main():
     report = {"what": "linear_logp fwd+bwd: saved='recompute' and saved='logits' against eager torch and the "
                       "cuBLAS GEMM bound, same run", "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
-              "date": time.strftime("%Y-%m-%d"), "rows": rows, "chunk_sweep": [], "kernels": {}}
+              "date": time.strftime("%Y-%m-%d"), "rows": rows, "chunk_sweep": [], "merge_sweep": [], "kernels": {}}
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     for N, H, V in shapes:
@@ -168,6 +172,8 @@ def main():
                     print(report["chunk_sweep"][-1], flush=True)
             configs.LOCKED_CONFIGS[key] = locked
             configs.LOCKED_CONFIGS[dh_key] = dh_locked
+            if args.merge_sweep:
+                merge_sweep(report["merge_sweep"], h, w, t, f"{N} x {H} x {V}", args.merge_sweep)
             for saved in ("recompute", "logits", "four_gemm_bound") if args.profile else ():
                 # the bound's own kernels beside ours: which of our passes falls short of its cuBLAS GEMM
                 step = (partial(gemms, 4) if saved == "four_gemm_bound"
@@ -181,6 +187,28 @@ def main():
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
+
+
+def merge_sweep(out: list, h, w, t, shape: str, specs):
+    """The merge kernel alone at each launch, on this shape's tile states (with entropy, as the
+    benchmark's forward): device time and bits against the locked launch and the tile-by-tile loop."""
+    from rlk_triton.ops import linear_logp as ll
+
+    with torch.no_grad():
+        stats = ll._stats_and_saved(h, w, None, ll.local_targets(t, 0, w.shape[0], -100), 1.0, True, 0)[0]
+    locked = ll.merge(stats, t, -100, True)
+    serial = ll.merge(stats, t, -100, True, block=128, num_warps=4, tiles=1)
+    for spec in specs:
+        block, warps, tiles = (int(x) for x in spec.split(":"))
+        fn = partial(ll.merge, stats, t, -100, True, block=block, num_warps=warps, tiles=tiles)
+        res = fn()
+        out.append({"shape": shape, "block": block, "num_warps": warps, "tiles": tiles, "tile_states": stats.shape[1],
+                    "merge_ms": graph_ms(fn),
+                    "locked": (block, warps, tiles) == (ll.MERGE_BLOCK, ll.MERGE_WARPS, ll.MERGE_TILES),
+                    "bitwise_vs_locked": all(torch.equal(x, y) for x, y in zip(res, locked)),
+                    "bitwise_vs_tile_by_tile": all(torch.equal(x, y) for x, y in zip(res, serial))})
+        print(out[-1], flush=True)
+    del stats
 
 
 if __name__ == "__main__":

@@ -165,6 +165,28 @@ def test_chunks_per_pass_stay_within_the_pass_workspace_cap():
         assert per == 1 or n_rows * sm90.chunk_v * 2 * per <= sm90.pass_workspace_max
 
 
+@pytest.mark.parametrize("with_entropy", (True, False))
+def test_merge_launch_gives_the_same_bits(device, with_entropy):
+    """The merge's launch (rows per program, warps, tiles per unrolled step) never changes a row's
+    arithmetic: every launch gives the bits of the tile-by-tile loop (TILES = 1), on the tile states of
+    a real forward, with a tile count no step size divides, a row count no block divides and ignored rows."""
+    from rlk_triton.ops.linear_logp import (MERGE_BLOCK, MERGE_TILES, MERGE_WARPS, _stats_and_saved, local_targets,
+                                            merge)
+
+    n, h, v = (150, 32, 37 * 64 + 5) if device == "cpu" else (1000, 256, 151936)
+    hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, torch.bfloat16, bias=True, seed=8), device)
+    targets = targets.clone()
+    targets[::7] = -100
+    stats = _stats_and_saved(hidden, weight, bias, local_targets(targets, 0, v, -100), 0.9, with_entropy, 0)[0]
+    assert stats.shape[1] % 8 and stats.shape[1] % 3 and n % 64
+    reference = merge(stats, targets, -100, with_entropy, block=128, num_warps=4, tiles=1)
+    assert torch.isfinite(reference[0]).all()
+    for block, warps, tiles in ((MERGE_BLOCK, MERGE_WARPS, MERGE_TILES), (32, 1, 8), (64, 2, 3), (256, 4, 16)):
+        out = merge(stats, targets, -100, with_entropy, block=block, num_warps=warps, tiles=tiles)
+        for name, x, y in zip(("logp", "entropy", "row_max", "row_logsum"), reference, out):
+            assert torch.equal(x, y), (name, block, warps, tiles)
+
+
 def test_logp_does_not_depend_on_asking_for_entropy(device):
     hidden, weight, bias, targets = build_linear_case(LinearCase(9, 32, 200, torch.float32, bias=True), device)
     lp = linear_logp(hidden, weight, targets, bias=bias, temperature=0.8)

@@ -132,10 +132,23 @@ def _tile_stats_kernel(
             _store_relative(z, m, rm, tile * BLOCK_N, row_ok, save_cols, saved_ptr, stride_sn, BLOCK_M, BLOCK_N)
 
 
+@triton.jit
+def _fold_tile_state(m, s, t, tz, hit, p, plane, ok, WITH_ENTROPY: tl.constexpr):
+    """Fold the tile state at p (stats plane 0; planes `plane` apart) into a row block's state."""
+    m_c = tl.load(p, mask=ok, other=float("-inf"))
+    s_c = tl.load(p + plane, mask=ok, other=0.0)
+    t_c = tl.load(p + 2 * plane, mask=ok, other=0.0)
+    m, s, t = merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY)
+    tz += tl.load(p + 3 * plane, mask=ok, other=0.0)
+    hit += tl.load(p + 4 * plane, mask=ok, other=0.0)
+    return m, s, t, tz, hit
+
+
 @cached
 @triton.jit(do_not_specialize=["ignore_index", "n_chunks"])
 def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row_logsum_ptr,
-                  N, n_chunks, ignore_index, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+                  N, n_chunks, ignore_index, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
+                  TILES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < N
     m = tl.full((BLOCK,), float("-inf"), tl.float32)
@@ -144,14 +157,17 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
     tz = tl.zeros((BLOCK,), tl.float32)
     hit = tl.zeros((BLOCK,), tl.float32)
     plane = n_chunks.to(tl.int64) * N
-    for c in range(0, n_chunks):  # increasing global vocab-tile order
-        p = stats_ptr + c * N + rows
-        m_c = tl.load(p, mask=ok, other=float("-inf"))
-        s_c = tl.load(p + plane, mask=ok, other=0.0)
-        t_c = tl.load(p + 2 * plane, mask=ok, other=0.0)
-        m, s, t = merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY)
-        tz += tl.load(p + 3 * plane, mask=ok, other=0.0)
-        hit += tl.load(p + 4 * plane, mask=ok, other=0.0)
+    # Increasing global vocab-tile order, TILES tiles a step, unrolled: the loads of a step's tiles
+    # do not wait on its merge chain, so one memory latency is paid per step instead of per tile.
+    # Each row's operations and their order are those of a tile-by-tile loop: any TILES and BLOCK
+    # give the same bits (tests/test_linear_logp.py::test_merge_launch_gives_the_same_bits).
+    n_full = n_chunks // TILES * TILES
+    for c0 in range(0, n_full, TILES):
+        for j in tl.static_range(TILES):
+            m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, stats_ptr + (c0 + j) * N + rows, plane, ok,
+                                                WITH_ENTROPY)
+    for c in range(n_full, n_chunks):  # the last n_chunks % TILES tiles
+        m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, stats_ptr + c * N + rows, plane, ok, WITH_ENTROPY)
     log_s = tl.log2(s) * 0.6931471805599453
     logp = (tz - m) - log_s
     logp = tl.where(hit == 1.0, logp, float("nan"))  # no (or a doubled) target: never silent
@@ -376,11 +392,15 @@ def saved_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float32 else torch.float16
 
 
-MERGE_BLOCK = 128
+# The merge's launch: rows per program, warps, tiles per unrolled step. Rows are independent and a
+# row's arithmetic does not depend on them (see _merge_kernel), so they are speed choices only.
+MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 128, 4, 8
 
 
-def merge(stats, target, ignore_index: int, with_entropy: bool):
-    """(logp, entropy, row_max, row_logsum) fp32 [N] from tile states [5, tiles, N] in vocab order."""
+def merge(stats, target, ignore_index: int, with_entropy: bool, *, block: int = MERGE_BLOCK,
+          num_warps: int = MERGE_WARPS, tiles: int = MERGE_TILES):
+    """(logp, entropy, row_max, row_logsum) fp32 [N] from tile states [5, tiles, N] in vocab order.
+    block / num_warps / tiles: the launch (the locked one by default; others for the tests and sweeps)."""
     n_chunks, N = stats.shape[1], stats.shape[2]
     dev = stats.device
     if not target.is_contiguous():  # the kernel reads the targets densely
@@ -388,9 +408,9 @@ def merge(stats, target, ignore_index: int, with_entropy: bool):
     logp, row_max, row_logsum = (torch.empty(N, dtype=torch.float32, device=dev) for _ in range(3))
     entropy = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
     if N:
-        _merge_kernel[(cdiv(N, MERGE_BLOCK),)](
+        _merge_kernel[(cdiv(N, block),)](
             stats, target, logp, entropy if with_entropy else logp, row_max, row_logsum,
-            N, n_chunks, ignore_index, WITH_ENTROPY=with_entropy, BLOCK=MERGE_BLOCK, num_warps=4,
+            N, n_chunks, ignore_index, WITH_ENTROPY=with_entropy, BLOCK=block, TILES=tiles, num_warps=num_warps,
         )
     return logp, entropy, row_max, row_logsum
 
