@@ -133,15 +133,18 @@ def _tile_stats_kernel(
 
 
 @triton.jit
-def _fold_tile_state(m, s, t, tz, hit, p, plane, ok, WITH_ENTROPY: tl.constexpr):
-    """Fold the tile state at p (stats plane 0; planes `plane` apart) into a row block's state."""
-    m_c = tl.load(p, mask=ok, other=float("-inf"))
-    s_c = tl.load(p + plane, mask=ok, other=0.0)
-    t_c = tl.load(p + 2 * plane, mask=ok, other=0.0)
-    m, s, t = merge_softmax_states(m, s, t, m_c, s_c, t_c, WITH_ENTROPY)
-    tz += tl.load(p + 3 * plane, mask=ok, other=0.0)
-    hit += tl.load(p + 4 * plane, mask=ok, other=0.0)
-    return m, s, t, tz, hit
+def _load_tile_state(p, plane, ok):
+    """A row block's tile state (m, s, t, target z, hit) at p (stats plane 0; planes `plane` apart)."""
+    return (tl.load(p, mask=ok, other=float("-inf")), tl.load(p + plane, mask=ok, other=0.0),
+            tl.load(p + 2 * plane, mask=ok, other=0.0), tl.load(p + 3 * plane, mask=ok, other=0.0),
+            tl.load(p + 4 * plane, mask=ok, other=0.0))
+
+
+@triton.jit
+def _fold_tile_state(m, s, t, tz, hit, state, WITH_ENTROPY: tl.constexpr):
+    """Fold a tile state (_load_tile_state) into the row block's running state."""
+    m, s, t = merge_softmax_states(m, s, t, state[0], state[1], state[2], WITH_ENTROPY)
+    return m, s, t, tz + state[3], hit + state[4]
 
 
 @cached
@@ -157,17 +160,20 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
     tz = tl.zeros((BLOCK,), tl.float32)
     hit = tl.zeros((BLOCK,), tl.float32)
     plane = n_chunks.to(tl.int64) * N
-    # Increasing global vocab-tile order, TILES tiles a step, unrolled: the loads of a step's tiles
-    # do not wait on its merge chain, so one memory latency is paid per step instead of per tile.
-    # Each row's operations and their order are those of a tile-by-tile loop: any TILES and BLOCK
-    # give the same bits (tests/test_linear_logp.py::test_merge_launch_gives_the_same_bits).
+    # Increasing global vocab-tile order, TILES tiles a step: the step's states are all loaded, then
+    # merged one by one, so a step waits for one memory latency instead of one per tile. Each row's
+    # operations and their order are those of a tile-by-tile loop: any TILES and BLOCK give the same
+    # bits (tests/test_linear_logp.py::test_merge_launch_gives_the_same_bits).
     n_full = n_chunks // TILES * TILES
     for c0 in range(0, n_full, TILES):
+        states = ()
         for j in tl.static_range(TILES):
-            m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, stats_ptr + (c0 + j) * N + rows, plane, ok,
-                                                WITH_ENTROPY)
+            states = states + (_load_tile_state(stats_ptr + (c0 + j) * N + rows, plane, ok),)
+        for j in tl.static_range(TILES):
+            m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, states[j], WITH_ENTROPY)
     for c in range(n_full, n_chunks):  # the last n_chunks % TILES tiles
-        m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, stats_ptr + c * N + rows, plane, ok, WITH_ENTROPY)
+        m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, _load_tile_state(stats_ptr + c * N + rows, plane, ok),
+                                            WITH_ENTROPY)
     log_s = tl.log2(s) * 0.6931471805599453
     logp = (tz - m) - log_s
     logp = tl.where(hit == 1.0, logp, float("nan"))  # no (or a doubled) target: never silent
