@@ -164,16 +164,18 @@ def _merge_kernel(stats_ptr, target_ptr, logp_ptr, entropy_ptr, row_max_ptr, row
     # merged one by one, so a step waits for one memory latency instead of one per tile. Each row's
     # operations and their order are those of a tile-by-tile loop: any TILES and BLOCK give the same
     # bits (tests/test_linear_logp.py::test_merge_launch_gives_the_same_bits).
+    p = stats_ptr + rows  # the step's first tile; advanced as a (64-bit) pointer: tiles x N may pass 2**31
     n_full = n_chunks // TILES * TILES
-    for c0 in range(0, n_full, TILES):
+    for _ in range(0, n_full, TILES):
         states = ()
         for j in tl.static_range(TILES):
-            states = states + (_load_tile_state(stats_ptr + (c0 + j) * N + rows, plane, ok),)
+            states = states + (_load_tile_state(p + j * N, plane, ok),)
         for j in tl.static_range(TILES):
             m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, states[j], WITH_ENTROPY)
-    for c in range(n_full, n_chunks):  # the last n_chunks % TILES tiles
-        m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, _load_tile_state(stats_ptr + c * N + rows, plane, ok),
-                                            WITH_ENTROPY)
+        p += TILES * N
+    for _ in range(n_full, n_chunks):  # the last n_chunks % TILES tiles
+        m, s, t, tz, hit = _fold_tile_state(m, s, t, tz, hit, _load_tile_state(p, plane, ok), WITH_ENTROPY)
+        p += N
     log_s = tl.log2(s) * 0.6931471805599453
     logp = (tz - m) - log_s
     logp = tl.where(hit == 1.0, logp, float("nan"))  # no (or a doubled) target: never silent
