@@ -173,12 +173,12 @@ def test_merge_launch_gives_the_same_bits(device, with_entropy):
     from rlk_triton.ops.linear_logp import (MERGE_BLOCK, MERGE_TILES, MERGE_WARPS, _stats_and_saved, local_targets,
                                             merge)
 
-    n, h, v = (150, 32, 37 * 64 + 5) if device == "cpu" else (1000, 256, 151936)
+    n, h, v = (150, 32, 37 * 64 + 5) if device == "cpu" else (1000, 256, 151700)  # 38 / 593 tiles
     hidden, weight, bias, targets = build_linear_case(LinearCase(n, h, v, torch.bfloat16, bias=True, seed=8), device)
     targets = targets.clone()
     targets[::7] = -100
     stats = _stats_and_saved(hidden, weight, bias, local_targets(targets, 0, v, -100), 0.9, with_entropy, 0)[0]
-    assert stats.shape[1] % 8 and stats.shape[1] % 3 and n % 64
+    assert stats.shape[1] % 16 and stats.shape[1] % 8 and stats.shape[1] % 3 and n % 64
     reference = merge(stats, targets, -100, with_entropy, block=128, num_warps=4, tiles=1)
     assert torch.isfinite(reference[0]).all()
     for block, warps, tiles in ((MERGE_BLOCK, MERGE_WARPS, MERGE_TILES), (32, 1, 8), (64, 2, 3), (256, 4, 16)):

@@ -402,7 +402,7 @@ def saved_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # The merge's launch: rows per program, warps, tiles per unrolled step. Rows are independent and a
 # row's arithmetic does not depend on them (see _merge_kernel), so they are speed choices only.
-MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 128, 4, 8
+MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 64, 2, 16
 
 
 def merge(stats, target, ignore_index: int, with_entropy: bool, *, block: int = MERGE_BLOCK,
