@@ -198,12 +198,17 @@ def merge_sweep(out: list, h, w, t, shape: str, specs):
         stats = ll._stats_and_saved(h, w, None, ll.local_targets(t, 0, w.shape[0], -100), 1.0, True, 0)[0]
     locked = ll.merge(stats, t, -100, True)
     serial = ll.merge(stats, t, -100, True, block=128, num_warps=4, tiles=1)
+    flush = torch.empty(2**28, dtype=torch.uint8, device="cuda")
+    flush_ms = graph_ms(flush.zero_)
     for spec in specs:
         block, warps, tiles = (int(x) for x in spec.split(":"))
         fn = partial(ll.merge, stats, t, -100, True, block=block, num_warps=warps, tiles=tiles)
         res = fn()
         out.append({"shape": shape, "block": block, "num_warps": warps, "tiles": tiles, "tile_states": stats.shape[1],
                     "merge_ms": graph_ms(fn),
+                    # the states read from HBM, as in a step (the forward's weight stream evicts them from
+                    # L2): each merge after a 256 MiB write, that write's own time taken out
+                    "merge_after_l2_flush_ms": graph_ms(lambda: (flush.zero_(), fn())) - flush_ms,
                     "locked": (block, warps, tiles) == (ll.MERGE_BLOCK, ll.MERGE_WARPS, ll.MERGE_TILES),
                     "bitwise_vs_locked": all(torch.equal(x, y) for x, y in zip(res, locked)),
                     "bitwise_vs_tile_by_tile": all(torch.equal(x, y) for x, y in zip(res, serial))})
