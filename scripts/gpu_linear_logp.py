@@ -190,30 +190,32 @@ def main():
 
 
 def merge_sweep(out: list, h, w, t, shape: str, specs):
-    """The merge kernel alone at each launch, on this shape's tile states (with entropy, as the
-    benchmark's forward): device time and bits against the locked launch and the tile-by-tile loop."""
+    """The merge kernel alone at each launch, on this shape's tile states, with and without entropy
+    (the benchmark's step: without): device time and bits against the locked launch and the
+    tile-by-tile loop."""
     from rlk_triton.ops import linear_logp as ll
 
-    with torch.no_grad():
-        stats = ll._stats_and_saved(h, w, None, ll.local_targets(t, 0, w.shape[0], -100), 1.0, True, 0)[0]
-    locked = ll.merge(stats, t, -100, True)
-    serial = ll.merge(stats, t, -100, True, block=128, num_warps=4, tiles=1)
     flush = torch.empty(2**28, dtype=torch.uint8, device="cuda")
     flush_ms = graph_ms(flush.zero_)
-    for spec in specs:
-        block, warps, tiles = (int(x) for x in spec.split(":"))
-        fn = partial(ll.merge, stats, t, -100, True, block=block, num_warps=warps, tiles=tiles)
-        res = fn()
-        out.append({"shape": shape, "block": block, "num_warps": warps, "tiles": tiles, "tile_states": stats.shape[1],
-                    "merge_ms": graph_ms(fn),
-                    # the states read from HBM, as in a step (the forward's weight stream evicts them from
-                    # L2): each merge after a 256 MiB write, that write's own time taken out
-                    "merge_after_l2_flush_ms": graph_ms(lambda: (flush.zero_(), fn())) - flush_ms,
-                    "locked": (block, warps, tiles) == (ll.MERGE_BLOCK, ll.MERGE_WARPS, ll.MERGE_TILES),
-                    "bitwise_vs_locked": all(torch.equal(x, y) for x, y in zip(res, locked)),
-                    "bitwise_vs_tile_by_tile": all(torch.equal(x, y) for x, y in zip(res, serial))})
-        print(out[-1], flush=True)
-    del stats
+    for with_entropy in (False, True):
+        with torch.no_grad():
+            stats = ll._stats_and_saved(h, w, None, ll.local_targets(t, 0, w.shape[0], -100), 1.0, with_entropy, 0)[0]
+        locked = ll.merge(stats, t, -100, with_entropy)
+        serial = ll.merge(stats, t, -100, with_entropy, block=128, num_warps=4, tiles=1)
+        for spec in specs:
+            block, warps, tiles = (int(x) for x in spec.split(":"))
+            fn = partial(ll.merge, stats, t, -100, with_entropy, block=block, num_warps=warps, tiles=tiles)
+            res = fn()
+            out.append({"shape": shape, "with_entropy": with_entropy, "block": block, "num_warps": warps,
+                        "tiles": tiles, "tile_states": stats.shape[1], "merge_ms": graph_ms(fn),
+                        # the states read from HBM, as in a step (the forward's weight stream evicts them
+                        # from L2): each merge after a 256 MiB write, that write's own time taken out
+                        "merge_after_l2_flush_ms": graph_ms(lambda: (flush.zero_(), fn())) - flush_ms,
+                        "locked": (block, warps, tiles) == (ll.MERGE_BLOCK, ll.MERGE_WARPS, ll.MERGE_TILES),
+                        "bitwise_vs_locked": all(torch.equal(x, y) for x, y in zip(res, locked)),
+                        "bitwise_vs_tile_by_tile": all(torch.equal(x, y) for x, y in zip(res, serial))})
+            print(out[-1], flush=True)
+        del stats
 
 
 if __name__ == "__main__":
