@@ -213,7 +213,7 @@ def cases():
                 dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
                      logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
                      row_logsum_ptr=_t(256, dtype=f32), N=256, n_chunks=7, ignore_index=-100, WITH_ENTROPY=True,
-                     BLOCK=ll.MERGE_BLOCK, TILES=ll.MERGE_TILES), ll.MERGE_WARPS, 1))
+                     BLOCK=ll.MERGE_BLOCK, TILES=ll.MERGE_TILES[True]), ll.MERGE_WARPS, 1))
     rows = configs.lookup_fixed("rl_policy_loss_rows", "sm90")
     x = _t(64, 8192, dtype=f32)
     token = dict(logp_ptr=x, old_ptr=x, adv_ptr=x, mask_ptr=_t(64, 8192, dtype=torch.uint8), ref_ptr=x, ent_ptr=x,

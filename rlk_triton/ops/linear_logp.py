@@ -400,16 +400,20 @@ def saved_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float32 else torch.float16
 
 
-# The merge's launch: rows per program, warps, tiles per unrolled step. Rows are independent and a
-# row's arithmetic does not depend on them (see _merge_kernel), so they are speed choices only.
-MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 64, 2, 16
+# The merge's launch: rows per program, warps, tiles per unrolled step (by with_entropy). Rows are
+# independent and a row's arithmetic does not depend on them (see _merge_kernel): speed choices only.
+# H100, 1024 x 151936, states read from HBM: 0.037 ms with entropy at 16 tiles (32: 0.056), 0.028
+# without at 32 (16: 0.150, where ptxas interleaves the step's loads with the merge), against 0.37 ms
+# tile by tile (docs/reports/h100-linear-logp-merge-2026-12-06.json).
+MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 64, 2, {True: 16, False: 32}
 
 
 def merge(stats, target, ignore_index: int, with_entropy: bool, *, block: int = MERGE_BLOCK,
-          num_warps: int = MERGE_WARPS, tiles: int = MERGE_TILES):
+          num_warps: int = MERGE_WARPS, tiles: Optional[int] = None):
     """(logp, entropy, row_max, row_logsum) fp32 [N] from tile states [5, tiles, N] in vocab order.
     block / num_warps / tiles: the launch (the locked one by default; others for the tests and sweeps)."""
     n_chunks, N = stats.shape[1], stats.shape[2]
+    tiles = MERGE_TILES[with_entropy] if tiles is None else tiles
     dev = stats.device
     if not target.is_contiguous():  # the kernel reads the targets densely
         target = target.contiguous()
