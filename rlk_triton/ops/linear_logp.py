@@ -402,9 +402,9 @@ def saved_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # The merge's launch: rows per program, warps, tiles per unrolled step (by with_entropy). Rows are
 # independent and a row's arithmetic does not depend on them (see _merge_kernel): speed choices only.
-# H100, 1024 x 151936, states read from HBM: 0.037 ms with entropy at 16 tiles (32: 0.056), 0.028
-# without at 32 (16: 0.150, where ptxas interleaves the step's loads with the merge), against 0.37 ms
-# tile by tile (docs/reports/h100-linear-logp-merge-2026-12-06.json).
+# H100, 1024 x 151936, states read from HBM: 0.037 ms with entropy at 16 tiles (32: 0.057), 0.029
+# without at 32 (16: 0.153, where ptxas interleaves the step's loads with the merge), against 0.37 /
+# 0.26 ms tile by tile (docs/reports/h100-linear-logp-merge-2026-12-06.json, last run).
 MERGE_BLOCK, MERGE_WARPS, MERGE_TILES = 64, 2, {True: 16, False: 32}
 
 
