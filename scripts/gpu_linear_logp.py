@@ -3,7 +3,8 @@ same run. The rows the linear_logp issue asks for: {shape, mode, rlk_ms, eager_m
 gemm_bound_ms, extra_gib, eager_extra_gib, bitwise_logp_vs_recompute}.
 
     python scripts/gpu_linear_logp.py --out ll.json --commit <sha> [--time-box S] [--shapes NxHxV ...]
-        [--sweep CHUNK_V:PER_PASS ...] [--profile] [--bracket K] [--merge-sweep BLOCK:WARPS:TILES ...]
+        [--sweep CHUNK_V:PER_PASS ...] [--tile-sweep fwd|dlogits:BM:BK:WARPS:STAGES:GROUP_M ...] [--profile]
+        [--bracket K] [--merge-sweep BLOCK:WARPS:TILES ...]
 
 rlk_ms: CUDA-graph device time; rlk_wall_ms / wall_ms: eager calls from the host (host time included).
 
@@ -56,6 +57,10 @@ def main():
     ap.add_argument("--bracket", type=int, default=0, metavar="K",
                     help="also, at every shape, saved='recompute' timed K times, each between two timings of the "
                          "four-GEMM bound (bench.timing.bracketed_ratios): of_bound_bracketed_median / _min / _max")
+    ap.add_argument("--tile-sweep", nargs="*", default=[], metavar="fwd|dlogits:BM:BK:WARPS:STAGES:GROUP_M",
+                    help="first shape (see --sweep-every-shape): both modes with the forward's or the backward's fused "
+                         "kernel on these tiles (block_n stays: it is the merge order); bracketed by --sweep-bracket. "
+                         "Tiles of one bit class give the locked bits (bitwise_vs_locked checks logp and gradients)")
     ap.add_argument("--merge-sweep", nargs="*", default=[], metavar="BLOCK:WARPS:TILES",
                     help="first shape (see --sweep-every-shape): the merge kernel alone at these launches (rows per "
                          "program, warps, tiles per unrolled step) on the forward's tile states, timed and compared "
@@ -134,12 +139,25 @@ def main():
             locked = configs.LOCKED_CONFIGS[key]
             dh_key = ("linear_logp_dhidden",) + key[1:]
             dh_locked = configs.LOCKED_CONFIGS[dh_key]
+            fwd_key = ("linear_logp_fwd",) + key[1:]
+            fwd_locked = configs.LOCKED_CONFIGS[fwd_key]
+            lockeds = {key: locked, dh_key: dh_locked, fwd_key: fwd_locked}
+            sweeps = []  # (what the row changes, the table rows it sets, whether the bits must stay the locked ones)
             for spec in args.sweep:
                 c, per, *dh = (int(x) for x in spec.split(":"))
                 cap = int(args.sweep_workspace_gib * 2**30) if args.sweep_workspace_gib else locked.pass_workspace_max
                 rows_of = {key: dataclasses.replace(locked, chunk_v=c, chunks_per_pass=per, pass_workspace_max=cap),
                            dh_key: (dataclasses.replace(dh_locked, block_n=dh[0], block_k=dh[1], num_stages=dh[2])
                                     if dh else dh_locked)}
+                sweeps.append(({"chunk_v": c, "chunks_per_pass": per,
+                                "dhidden_tiles": str(rows_of[dh_key])}, rows_of, c == locked.chunk_v))
+            for spec in args.tile_sweep:
+                kernel, bm, bk, warps, stages, group = spec.split(":")
+                k_key = fwd_key if kernel == "fwd" else key
+                row = dataclasses.replace(lockeds[k_key], block_m=int(bm), block_k=int(bk), num_warps=int(warps),
+                                          num_stages=int(stages), group_m=int(group))
+                sweeps.append(({"kernel": k_key[0], "tiles": str(row)}, {k_key: row}, True))
+            for what, rows_of, keeps_bits in sweeps:
                 if args.sweep_bracket:  # this row against the locked one, alternated: the machine's drift out
                     def step_with(table):
                         def step():
@@ -148,30 +166,28 @@ def main():
                         return step
 
                     try:
-                        b = bracketed_ratios(step_with(rows_of), step_with({key: locked, dh_key: dh_locked}),
-                                             args.sweep_bracket, graph_ms)
+                        b = bracketed_ratios(step_with(rows_of), step_with(lockeds), args.sweep_bracket, graph_ms)
                     finally:
-                        configs.LOCKED_CONFIGS.update({key: locked, dh_key: dh_locked})
-                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": "recompute", "chunk_v": c,
-                                                  "chunks_per_pass": per, "locked_ms_over_this_bracketed_median":
-                                                  b["median"], "min": b["min"], "max": b["max"],
-                                                  "this_ms": b["fn_ms"], "locked_ms": b["baseline_ms"]})
+                        configs.LOCKED_CONFIGS.update(lockeds)
+                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": "recompute", **what,
+                                                  "locked_ms_over_this_bracketed_median": b["median"], "min": b["min"],
+                                                  "max": b["max"], "this_ms": b["fn_ms"], "locked_ms": b["baseline_ms"]})
                     print(report["chunk_sweep"][-1], flush=True)
                 configs.LOCKED_CONFIGS.update(rows_of)
                 for saved in ("recompute", "logits"):
                     fn = partial(linear_logp, validate=False, saved=saved)
+                    logp = fn(h, w, t).detach()
                     grads = fb(fn)()
                     ms = graph_ms(fb(fn))
                     wall = bench.wall_ms(fb(fn))
-                    same = (c == locked.chunk_v and all(torch.equal(x, y) for x, y in zip(grads, base_grads[saved])))
-                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": saved, "chunk_v": c,
-                                                  "chunks_per_pass": per, "dhidden_tiles": str(configs.LOCKED_CONFIGS[dh_key]), "rlk_ms": ms,
+                    same = (keeps_bits and torch.equal(logp, ref[0])
+                            and all(torch.equal(x, y) for x, y in zip(grads, base_grads[saved])))
+                    report["chunk_sweep"].append({"shape": f"{N} x {H} x {V}", "mode": saved, **what, "rlk_ms": ms,
                                                   "wall_ms": wall, "vs_eager": eager_ms / ms,
                                                   "of_bound": bound[saved] / ms, "bitwise_vs_locked": same,
                                                   "extra_gib": peak_extra_mib(fb(fn), "cuda") / 1024})
                     print(report["chunk_sweep"][-1], flush=True)
-            configs.LOCKED_CONFIGS[key] = locked
-            configs.LOCKED_CONFIGS[dh_key] = dh_locked
+                configs.LOCKED_CONFIGS.update(lockeds)
             if args.merge_sweep:
                 merge_sweep(report["merge_sweep"], h, w, t, f"{N} x {H} x {V}", args.merge_sweep)
             for saved in ("recompute", "logits", "four_gemm_bound") if args.profile else ():
