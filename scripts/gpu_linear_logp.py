@@ -59,7 +59,8 @@ def main():
                          "four-GEMM bound (bench.timing.bracketed_ratios): of_bound_bracketed_median / _min / _max")
     ap.add_argument("--tile-sweep", nargs="*", default=[], metavar="fwd|dlogits:BM:BK:WARPS:STAGES:GROUP_M",
                     help="first shape (see --sweep-every-shape): both modes with the forward's or the backward's fused "
-                         "kernel on these tiles (block_n stays: it is the merge order); bracketed by --sweep-bracket. "
+                         "kernel on these tiles (block_n stays: it is the merge order; a new block_m is set on the other "
+                         "kernel too, as saved='logits' needs); bracketed by --sweep-bracket. "
                          "Tiles of one bit class give the locked bits (bitwise_vs_locked checks logp and gradients)")
     ap.add_argument("--merge-sweep", nargs="*", default=[], metavar="BLOCK:WARPS:TILES",
                     help="first shape (see --sweep-every-shape): the merge kernel alone at these launches (rows per "
@@ -156,7 +157,12 @@ def main():
                 k_key = fwd_key if kernel == "fwd" else key
                 row = dataclasses.replace(lockeds[k_key], block_m=int(bm), block_k=int(bk), num_warps=int(warps),
                                           num_stages=int(stages), group_m=int(group))
-                sweeps.append(({"kernel": k_key[0], "tiles": str(row)}, {k_key: row}, True))
+                rows_of = {k_key: row}
+                other = key if k_key == fwd_key else fwd_key
+                if lockeds[other].block_m != row.block_m:  # saved="logits" needs both kernels' row blocks equal
+                    rows_of[other] = dataclasses.replace(lockeds[other], block_m=row.block_m)
+                sweeps.append(({"kernel": k_key[0], "tiles": str(row),
+                                "other_kernel_block_m": rows_of.get(other, lockeds[other]).block_m}, rows_of, True))
             for what, rows_of, keeps_bits in sweeps:
                 if args.sweep_bracket:  # this row against the locked one, alternated: the machine's drift out
                     def step_with(table):
