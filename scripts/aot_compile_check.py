@@ -209,11 +209,12 @@ def cases():
                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                          FOLD_K=fold_k, **({"A_T": True} if a_t else {})),
                     cfg.num_warps, cfg.num_stages))
-    out.append(("linear_logp _merge_kernel (n_chunks not specialized)", ll._merge_kernel,
-                dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
-                     logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
-                     row_logsum_ptr=_t(256, dtype=f32), N=256, n_chunks=7, ignore_index=-100, WITH_ENTROPY=True,
-                     BLOCK=ll.MERGE_BLOCK, TILES=ll.MERGE_TILES[True]), ll.MERGE_WARPS, 1))
+    for ent in (True, False):  # both step sizes (16 / 32 tiles' states live in registers): their spills reported
+        out.append((f"linear_logp _merge_kernel entropy={ent} (n_chunks not specialized)", ll._merge_kernel,
+                    dict(stats_ptr=_t(5, 1, 256, dtype=f32), target_ptr=_t(256, dtype=torch.int64),
+                         logp_ptr=_t(256, dtype=f32), entropy_ptr=_t(256, dtype=f32), row_max_ptr=_t(256, dtype=f32),
+                         row_logsum_ptr=_t(256, dtype=f32), N=256, n_chunks=7, ignore_index=-100, WITH_ENTROPY=ent,
+                         BLOCK=ll.MERGE_BLOCK, TILES=ll.MERGE_TILES[ent]), ll.MERGE_WARPS, 1))
     rows = configs.lookup_fixed("rl_policy_loss_rows", "sm90")
     x = _t(64, 8192, dtype=f32)
     token = dict(logp_ptr=x, old_ptr=x, adv_ptr=x, mask_ptr=_t(64, 8192, dtype=torch.uint8), ref_ptr=x, ent_ptr=x,
