@@ -221,7 +221,7 @@ def _dlogits_piece(z, rm, local, c0, row_max, row_logsum, g, target, ge, ent, in
     tl.store(d_ptr + rm.to(tl.int64)[:, None] * stride_dn + local[None, :],
              dz.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     if HAS_BIAS:  # this row block's fp32 column sums; blocks are added in order by _dbias_kernel
-        tl.store(dbias_part_ptr + pid_m * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
+        tl.store(dbias_part_ptr + pid_m.to(tl.int64) * stride_pb + local, tl.sum(dz, 0), mask=col_ok)
 
 
 @cached
@@ -307,8 +307,10 @@ def _dbias_kernel(part_ptr, stride_pb, n_blocks, out_ptr, width, BLOCK: tl.const
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width
     acc = tl.zeros((BLOCK,), tl.float32)
-    for b in range(0, n_blocks):  # row blocks in increasing order
-        acc += tl.load(part_ptr + b * stride_pb + cols, mask=ok, other=0.0)
+    p = part_ptr + cols  # advanced as a (64-bit) pointer: blocks x the pass's columns may pass 2**31
+    for _ in range(0, n_blocks):  # row blocks in increasing order
+        acc += tl.load(p, mask=ok, other=0.0)
+        p += stride_pb
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
