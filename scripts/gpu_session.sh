@@ -5,7 +5,7 @@
 # (gpu_attention_split.py), a host-time profile (gpu_host_profile.py), the attention backward tile sweep
 # (gpu_attention_tiles.py), the attention forward's Hopper levers (gpu_attention_fwd_levers.py), linear_logp's
 # gradient GEMMs against cuBLAS (gpu_linear_logp_gemms.py), its steps after idle and sustained with the clocks
-# sampled (gpu_linear_logp_clocks.py). Each step has its own time box; everything lands under $OUT.
+# sampled (gpu_linear_logp_clocks.py), its fused kernels' epilogue cost (gpu_linear_logp_epilogue.py). Each step has its own time box; everything lands under $OUT.
 #   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -33,6 +33,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
         python3 scripts/plot_linear_logp_report.py $OUT/ll.json --out $OUT/linear_logp.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     gemms) timeout ${GEMMS_S:-150} python3 scripts/gpu_linear_logp_gemms.py --out $OUT/gemms.json --commit $C --time-box $(( ${GEMMS_S:-150} - 50 )) ${GEMMS_ARGS:-} > $OUT/gemms.log 2>&1
            echo "gemms: exit $?"; tail -c 2500 $OUT/gemms.log ;;
+    epilogue) timeout ${EPI_S:-170} python3 scripts/gpu_linear_logp_epilogue.py --out $OUT/epilogue.json --commit $C ${EPI_ARGS:-} > $OUT/epilogue.log 2>&1
+              echo "epilogue: exit $?"; tail -c 2500 $OUT/epilogue.log ;;
     clocks) timeout ${CLOCKS_S:-120} python3 scripts/gpu_linear_logp_clocks.py --out $OUT/clocks.json --commit $C --time-box $(( ${CLOCKS_S:-120} - 25 )) ${CLOCKS_ARGS:-} > $OUT/clocks.log 2>&1
             echo "clocks: exit $?"; tail -c 2500 $OUT/clocks.log ;;
     profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json ${PROFILE_ARGS:-} > $OUT/profile.log 2>&1
