@@ -9,12 +9,18 @@ Kernels timed (CUDA-graph device time, whole vocab in one launch):
 - cublas: torch.matmul(hidden, weight.T, out=[N, V] bf16), the bound's logits GEMM.
 Variants, each in its own process (the kernels resolve their helpers when first compiled):
 - locked: the library's kernels as they are;
+- bm64 / bm64x2: the locked epilogue on 64 x 256 tiles of one warpgroup with 2 stages (254 registers,
+  82-90 KB of shared memory: two programs fit an SM), one or two persistent programs an SM. The tiles'
+  rows do not change a logit's bits (gpu_linear_logp.py --tile-sweep checks that in the operator);
+  two programs an SM let the warp scheduler run one program's epilogue beside the other's MMAs.
 - stripped: `online_softmax_rows` keeps only the row max (no exp2, no sums) and `_dlogits_piece` stores
   z itself (a plain GEMM epilogue, as cuBLAS's). The GEMM, its tiles, loads and the persistent loop are
   unchanged, so locked - stripped is the time the softmax epilogue adds to each kernel.
 The stripped kernels compute nothing the library uses; they exist only in that child process.
 """
 import argparse
+import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -52,6 +58,12 @@ def child(variant: str, shape: str, k: int) -> dict:
 
     if variant == "stripped":  # before the first launch: the kernels resolve these when compiled
         ll.online_softmax_rows, ll._dlogits_piece = _max_only, _store_z
+    if variant.startswith("bm64"):  # one warpgroup on 64 x 256 tiles, 2 stages: 82-90 KB of shared memory
+        locked_config, locked_programs = ll.tile_config, ll._programs
+        ll.tile_config = lambda kernel, hidden: dataclasses.replace(
+            locked_config(kernel, hidden), block_m=64, num_warps=4, num_stages=2)
+        if variant == "bm64x2":  # and two programs an SM: one's epilogue beside the other's MMAs
+            ll._programs = lambda desc, device, n: min(n, 2 * locked_programs(desc, device, 1 << 30))
     N, H, V = (int(x) for x in shape.split("x"))
     dev, dt = torch.device("cuda" if torch.cuda.is_available() else "cpu"), torch.bfloat16  # cpu: a smoke run
     g = torch.Generator(device=dev).manual_seed(0)
@@ -82,6 +94,9 @@ def child(variant: str, shape: str, k: int) -> dict:
     dlogits()  # stripped: the logits themselves, so a small difference from cuBLAS's shows the swap took
     ref = torch.matmul(hidden, weight.t())
     row["dlogits_out_max_abs_vs_cublas_logits"] = (out - ref).abs().max().item()
+    # the bits of both kernels' outputs, to compare across the variants' processes (bm64* = locked)
+    row["sha256"] = {"fwd": hashlib.sha256(ll.tile_stats(hidden, weight, None, target, 1.0, False).cpu().numpy().tobytes()).hexdigest()[:16],
+                     "dlogits": hashlib.sha256(out.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]}
     del ref
     for name, fn in kernels.items():
         r = bracketed_ratios(fn, cublas, k, timer)
@@ -96,6 +111,8 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--bracket", type=int, default=3)
+    ap.add_argument("--variants", nargs="*", default=["locked", "stripped"],
+                    choices=["locked", "stripped", "bm64", "bm64x2"])
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "SHAPE"))
     args = ap.parse_args()
     if args.child:
@@ -107,7 +124,7 @@ def main():
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "script": "scripts/gpu_linear_logp_epilogue.py",
               "rows": []}
     for shape in args.shapes:
-        for variant in ("locked", "stripped"):
+        for variant in args.variants:
             p = subprocess.run([sys.executable, __file__, "--child", variant, shape, "--bracket", str(args.bracket)],
                                capture_output=True, text=True, env=os.environ)
             rows = [json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")]
@@ -116,10 +133,9 @@ def main():
                 continue
             row = rows[0]
             report["rows"].append(row)
-            print(shape, variant, {k: round(v["cublas_over_ours_median"], 4) for k, v in row.items()
-                                   if isinstance(v, dict)},
-                  {k: round(min(v["ours_ms"]), 3) for k, v in row.items() if isinstance(v, dict)},
-                  "cublas", round(min(row["fwd"]["cublas_ms"]), 3), flush=True)
+            print(shape, variant, {k: round(row[k]["cublas_over_ours_median"], 4) for k in ("fwd", "dlogits")},
+                  {k: round(min(row[k]["ours_ms"]), 3) for k in ("fwd", "dlogits")},
+                  "cublas", round(min(row["fwd"]["cublas_ms"]), 3), row["sha256"], flush=True)
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(report, f, indent=1)
