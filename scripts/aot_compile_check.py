@@ -161,7 +161,7 @@ def cases():
     stats = dict(x_ptr=h, stride_xn=4096, w_ptr=w, stride_wv=4096,
                  x_desc=TensorDescriptor.from_tensor(h, [fwd.block_m, fwd.block_k]),
                  w_desc=TensorDescriptor.from_tensor(w, [fwd.block_n, fwd.block_k]), bias_ptr=w,
-                 target_local_ptr=_t(256, dtype=torch.int64), N=256, H=4096, V_local=1024, inv_t=1.0,
+                 target_local_ptr=_t(256, dtype=torch.int32), N=256, H=4096, V_local=1024, inv_t=1.0,
                  n_progs=132, HAS_BIAS=False, UPCAST=False, IEEE=False, EVEN_K=True, BLOCK_M=fwd.block_m,
                  BLOCK_N=fwd.block_n, BLOCK_K=fwd.block_k, GROUP_M=fwd.group_m, DESC=True)
     stats.update(saved_ptr=_t(256, 1024, dtype=torch.float16), stride_sn=1024)

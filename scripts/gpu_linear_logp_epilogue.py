@@ -69,7 +69,7 @@ def child(variant: str, shape: str, k: int) -> dict:
     g = torch.Generator(device=dev).manual_seed(0)
     hidden = torch.randn(N, H, device=dev, generator=g).to(dt)
     weight = (torch.randn(V, H, device=dev, generator=g) * H ** -0.5).to(dt)
-    target = torch.randint(0, V, (N,), device=dev, generator=g)
+    target = torch.randint(0, V, (N,), device=dev, generator=g, dtype=torch.int32)  # as local_targets gives
     out = torch.empty(N, V, device=dev, dtype=dt)
     stats = ll.tile_stats(hidden, weight, None, target, 1.0, False)
     row_max, row_logsum = stats[0].amax(0), torch.full((N,), 12.0, device=dev)
