@@ -87,16 +87,17 @@ def child(variant: str, shape: str, k: int) -> dict:
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, DESC=desc,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    kernels = {"fwd": lambda: ll.tile_stats(hidden, weight, None, target, 1.0, False), "dlogits": dlogits}
     cublas = partial(torch.matmul, hidden, weight.t(), out=out)
     timer = partial(bench.graph_ms, reps=3) if dev.type == "cuda" else partial(cpu_ms, n=1)
+    kernels = {"fwd": lambda: ll.tile_stats(hidden, weight, None, target, 1.0, False), "dlogits": dlogits}
     row = {"variant": variant, "shape": shape, "desc": desc}
     dlogits()  # stripped: the logits themselves, so a small difference from cuBLAS's shows the swap took
     ref = torch.matmul(hidden, weight.t())
     row["dlogits_out_max_abs_vs_cublas_logits"] = (out - ref).abs().max().item()
     # the bits of both kernels' outputs, to compare across the variants' processes (bm64* = locked)
-    row["sha256"] = {"fwd": hashlib.sha256(ll.tile_stats(hidden, weight, None, target, 1.0, False).cpu().numpy().tobytes()).hexdigest()[:16],
-                     "dlogits": hashlib.sha256(out.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]}
+    def bits(t):
+        return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16]
+    row["sha256"] = {"fwd": bits(kernels["fwd"]()), "dlogits": bits(out.view(torch.int16))}
     del ref
     for name, fn in kernels.items():
         r = bracketed_ratios(fn, cublas, k, timer)
@@ -120,7 +121,8 @@ def main():
         return
     report = {"what": "linear_logp's fused logits-GEMM kernels with the locked epilogue and a stripped one "
                       "(row max only / a plain store), each bracketed by cuBLAS's logits GEMM in its process",
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "triton": triton.__version__,
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "triton": triton.__version__,
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "script": "scripts/gpu_linear_logp_epilogue.py",
               "rows": []}
     for shape in args.shapes:
