@@ -5,7 +5,8 @@
 # (gpu_attention_split.py), a host-time profile (gpu_host_profile.py), the attention backward tile sweep
 # (gpu_attention_tiles.py), the attention forward's Hopper levers (gpu_attention_fwd_levers.py), linear_logp's
 # gradient GEMMs against cuBLAS (gpu_linear_logp_gemms.py), its steps after idle and sustained with the clocks
-# sampled (gpu_linear_logp_clocks.py), its fused kernels' epilogue cost (gpu_linear_logp_epilogue.py). Each step has its own time box; everything lands under $OUT.
+# sampled (gpu_linear_logp_clocks.py), its fused kernels' epilogue cost (gpu_linear_logp_epilogue.py). Each
+# step has its own time box; everything lands under $OUT.
 #   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
