@@ -41,6 +41,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace {
 
 // Elements travel as raw bits, packed as in memory (a 16-bit element's low lane in the low half of a
@@ -71,7 +73,11 @@ __device__ __forceinline__ void set_elem(unsigned* raw, int r, unsigned b) {
   else raw[r / 2] |= b << 16;
 }
 template <typename T>
-__device__ __forceinline__ float elem_f32(const unsigned* raw, int r) { return to_f32(T(), elem<T>(raw, r)); }
+__device__ __forceinline__ float elem_f32(const unsigned* raw, int r) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)  // bf16 is fp32's upper half: one shift or mask, exact
+    return __uint_as_float(r % 2 ? raw[r / 2] & 0xffff0000u : raw[r / 2] << 16);
+  else return to_f32(T(), elem<T>(raw, r));
+}
 
 // The residual add, one 32-bit word of packed elements: Triton 3.6 compiles dtype(fp32(x) + fp32(r))
 // to these instructions (one rounding of the exact sum; equal to rounding the fp32 sum, which is exact
@@ -105,6 +111,9 @@ __device__ __forceinline__ void pack(unsigned& v, const unsigned* w) { v = w[0];
 
 #ifndef RLK_STREAMING
 #define RLK_STREAMING 1
+#endif
+#ifndef RLK_DW_FIRST  // the backward's dW fold beside the row's conversion (rms_norm_bwd_kernel); 0: after dx
+#define RLK_DW_FIRST 1
 #endif
 // One vector access; STREAM: read or written once (evict first), else the default policy.
 template <bool STREAM, typename A>
@@ -404,21 +413,28 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   // next row's loads are issued before this row's reduction (the last row is read twice rather than
   // branched around).
   unsigned hn[WORDS], gn[WORDS], rn[GRES ? WORDS : 1];
-  auto load_row = [&](int64_t row) {
-    const T* hr = h + row * h_row_stride;
-    const T* gr = g + row * (int64_t)H;
+  // row pointers advanced by a row each step (no 64-bit multiply per row)
+  const T* hr_next = h + row0 * h_row_stride;
+  const T* gr_next = g + row0 * (int64_t)H;
+  const T* rr_next = GRES ? gres + row0 * (int64_t)H : g;
+  auto load_row = [&]() {
+    const T* hr = hr_next;
+    const T* gr = gr_next;
     const bool h_ok = FULL || aligned_for(hr, VEC), g_ok = FULL || aligned_for(gr, VEC);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int lane0 = c * VEC * THREADS + t * VEC;
       load_lanes<T, VEC, FULL, true>(hr, lane0, H, h_ok, hn, c * VEC);
       load_lanes<T, VEC, FULL, true>(gr, lane0, H, g_ok, gn, c * VEC);
-      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(gres + row * (int64_t)H, lane0, H, g_ok, rn, c * VEC);
+      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(rr_next, lane0, H, g_ok, rn, c * VEC);
     }
   };
-  if (PREFETCH && row0 < row_end) load_row(row0);
+  auto advance = [&](bool step) {
+    if (step) { hr_next += h_row_stride; gr_next += H; if constexpr (GRES) rr_next += H; }
+  };
+  if (PREFETCH && row0 < row_end) load_row();
   for (int64_t row = row0; row < row_end; ++row) {
-    if (!PREFETCH) load_row(row);
+    if (!PREFETCH) { load_row(); advance(true); }
     unsigned hb[WORDS], gb[WORDS], rb[GRES ? WORDS : 1];
 #pragma unroll
     for (int k = 0; k < WORDS; ++k) {
@@ -426,14 +442,18 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
       gb[k] = gn[k];
       if constexpr (GRES) rb[k] = rn[k];
     }
-    if (PREFETCH) load_row(row + 1 < row_end ? row + 1 : row);
+    if (PREFETCH) { advance(row + 1 < row_end); load_row(); }
     const float r = rstd[row];
     float xk[KEEP ? E : 1], gk[KEEP ? E : 1];
     if constexpr (KEEP) {
 #pragma unroll
       for (int k = 0; k < E; ++k) {
+        const float gf = elem_f32<T>(gb, k);
         xk[k] = __fmul_rn(r, elem_f32<T>(hb, k));
-        gk[k] = __fmul_rn(wk[k], elem_f32<T>(gb, k));
+        gk[k] = __fmul_rn(wk[k], gf);
+        // dW's fold here, not after the row's reduction: the same fma on the same operands in the same
+        // row order (so the same bits), g converted once, and independent work beside the shuffles
+        if constexpr (RLK_DW_FIRST) dw[k] = __fmaf_rn(xk[k], gf, dw[k]);  // stored only with_dw
       }
     }
     auto xhat = [&](int k) { return KEEP ? xk[KEEP ? k : 0] : __fmul_rn(r, elem_f32<T>(hb, k)); };
@@ -471,7 +491,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
       store_lanes<T, VEC, FULL>(dxr, lane0, H, dx_ok, b);
       if (with_dres) store_lanes<T, VEC, FULL>(drr, lane0, H, dx_ok, b);
     }
-    if (with_dw) {
+    if (with_dw && !(KEEP && RLK_DW_FIRST)) {
 #pragma unroll
       for (int k = 0; k < E; ++k) dw[k] = __fmaf_rn(xhat(k), elem_f32<T>(gb, k), dw[k]);
     }

@@ -9,8 +9,10 @@ wall_ms: calls from the host with one sync at the end (what an eager caller pays
 device_ms: the same call captured in a CUDA graph, the median of three measurements taken in turn
 with the other calls of the shape (differences of 1-2% are what the large-size target is about).
 "bare extension call": the binding alone with the layout precomputed (two torch allocations and the
-launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds the kernel without
-its streaming cache hints (-DRLK_STREAMING=0) and times it beside (same bits: hints are not operations).
+launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds the kernels without
+their streaming cache hints (-DRLK_STREAMING=0) and the backward with dW's fold after dx (-DRLK_DW_FIRST=0), and times
+each beside the build's (same bits: hints are not operations, and the fold is the same fma in the same row order; each
+row's bitwise field checks it).
 """
 import argparse
 import json
@@ -61,6 +63,7 @@ def main():
     if args.variants:
         t1 = time.time()
         variants["native launch, no streaming hints"] = build_variant("RLK_STREAMING=0")
+        variants["native launch, dW fold after dx"] = build_variant("RLK_DW_FIRST=0")
         report["variant_build_s"] = time.time() - t1
     g = torch.Generator(device="cuda").manual_seed(0)
     for (N, H), fused in [(shape, fused) for shape in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096),
@@ -79,7 +82,8 @@ def main():
                  "bare extension call": lambda: ext.rms_norm_fwd(x, r, w, 1e-6, 0.0, *layout, stream(x.device.index)),
                  "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6, residual=r)}
         for name, mod in variants.items():
-            calls[name] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
+            if "dW" not in name:  # the forward is the same code in that build
+                calls[name] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
         if gate["admitted"]:
             calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
                                                                         backend="cuda_native")
@@ -89,7 +93,7 @@ def main():
             "bitwise": all(native.same_bits(a, b) for a, b in zip(got[:len(want)], want))})
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-    rmsnorm_backward_rows(rows, ext, g, gate["admitted"])
+    rmsnorm_backward_rows(rows, ext, g, gate["admitted"], variants)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
@@ -97,7 +101,7 @@ def main():
         json.dump(report, f, indent=1)
 
 
-def rmsnorm_backward_rows(rows, ext, g, admitted):
+def rmsnorm_backward_rows(rows, ext, g, admitted, variants):
     """The rms_norm backward launches (dx and dW; d residual and the residual_out gradient when fused),
     Triton against native, training-sized rows, bf16; then the public fwd+bwd call (torch.autograd.grad)
     per backend, the issue's [16384 x 4096] target (native only where admitted)."""
@@ -112,6 +116,8 @@ def rmsnorm_backward_rows(rows, ext, g, admitted):
         want = rmsnorm.launch_backward(*args)
         calls = {"triton backward launch": lambda: rmsnorm.launch_backward(*args),
                  "native backward launch": lambda: native._rmsnorm_backward(ext, *args)}
+        for name, mod in variants.items():
+            calls[name.replace("launch", "backward launch")] = lambda mod=mod: native._rmsnorm_backward(mod, *args)
         time_calls(rows, calls, lambda name, got: {
             "op": "rms_norm bwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
             "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want) if a.numel() or b.numel())})
