@@ -34,7 +34,9 @@
 // one tile with aligned row starts (FULL: H = BLOCK_H, the row stride a multiple of VEC; the host
 // decides) take a path without per-vector bounds or alignment branches, so that every load of a row
 // is issued before the first use. x is read and y written once: streaming cache hints (ld / st .cs,
-// RLK_STREAMING, default on) keep them from evicting the weight. Neither changes an operation.
+// RLK_STREAMING, default on) keep them from evicting the weight. The backward goes without them
+// (RLK_BWD_STREAMING, default off): 2-3% faster on an H100 without the residual
+// (docs/reports/h100-native-2026-12-06.json). Neither changes an operation.
 // No torch headers: CI compiles this file for sm_90a with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -112,8 +114,8 @@ __device__ __forceinline__ void pack(unsigned& v, const unsigned* w) { v = w[0];
 #ifndef RLK_STREAMING
 #define RLK_STREAMING 1
 #endif
-#ifndef RLK_DW_FIRST  // the backward's dW fold beside the row's conversion (rms_norm_bwd_kernel); 0: after dx
-#define RLK_DW_FIRST 1
+#ifndef RLK_BWD_STREAMING  // the backward's loads and stores: the default policy, as Triton's (measured faster)
+#define RLK_BWD_STREAMING 0
 #endif
 // One vector access; STREAM: read or written once (evict first), else the default policy.
 template <bool STREAM, typename A>
@@ -146,7 +148,7 @@ __device__ __forceinline__ void load_lanes(const T* row, int lane0, int H, bool 
   }
 }
 
-template <typename T, int V, bool FULL = false>
+template <typename T, int V, bool FULL = false, bool STREAM = true>
 __device__ __forceinline__ void store_lanes(T* row, int lane0, int H, bool aligned, const unsigned* raw) {
   using B = typename Bits<T>::type;
   B* p = reinterpret_cast<B*>(row) + lane0;
@@ -155,7 +157,7 @@ __device__ __forceinline__ void store_lanes(T* row, int lane0, int H, bool align
     if (FULL || (aligned && lane0 + V <= H)) {
       typename Access<BYTES>::type v;
       pack(v, raw);
-      store_vec<true>(reinterpret_cast<typename Access<BYTES>::type*>(p), v);
+      store_vec<STREAM>(reinterpret_cast<typename Access<BYTES>::type*>(p), v);
       return;
     }
   }
@@ -413,6 +415,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   // next row's loads are issued before this row's reduction (the last row is read twice rather than
   // branched around).
   unsigned hn[WORDS], gn[WORDS], rn[GRES ? WORDS : 1];
+  constexpr bool BWD_STREAM = RLK_BWD_STREAMING;
   // row pointers advanced by a row each step (no 64-bit multiply per row)
   const T* hr_next = h + row0 * h_row_stride;
   const T* gr_next = g + row0 * (int64_t)H;
@@ -424,9 +427,9 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int lane0 = c * VEC * THREADS + t * VEC;
-      load_lanes<T, VEC, FULL, true>(hr, lane0, H, h_ok, hn, c * VEC);
-      load_lanes<T, VEC, FULL, true>(gr, lane0, H, g_ok, gn, c * VEC);
-      if constexpr (GRES) load_lanes<T, VEC, FULL, true>(rr_next, lane0, H, g_ok, rn, c * VEC);
+      load_lanes<T, VEC, FULL, BWD_STREAM>(hr, lane0, H, h_ok, hn, c * VEC);
+      load_lanes<T, VEC, FULL, BWD_STREAM>(gr, lane0, H, g_ok, gn, c * VEC);
+      if constexpr (GRES) load_lanes<T, VEC, FULL, BWD_STREAM>(rr_next, lane0, H, g_ok, rn, c * VEC);
     }
   };
   auto advance = [&](bool step) {
@@ -453,7 +456,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
         gk[k] = __fmul_rn(wk[k], gf);
         // dW's fold here, not after the row's reduction: the same fma on the same operands in the same
         // row order (so the same bits), g converted once, and independent work beside the shuffles
-        if constexpr (RLK_DW_FIRST) dw[k] = __fmaf_rn(xk[k], gf, dw[k]);  // stored only with_dw
+        dw[k] = __fmaf_rn(xk[k], gf, dw[k]);  // stored only with_dw
       }
     }
     auto xhat = [&](int k) { return KEEP ? xk[KEEP ? k : 0] : __fmul_rn(r, elem_f32<T>(hb, k)); };
@@ -488,10 +491,10 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
         set_elem<T>(b, j, from_f32(T(), dh));
       }
       const int lane0 = c * VEC * THREADS + t * VEC;
-      store_lanes<T, VEC, FULL>(dxr, lane0, H, dx_ok, b);
-      if (with_dres) store_lanes<T, VEC, FULL>(drr, lane0, H, dx_ok, b);
+      store_lanes<T, VEC, FULL, BWD_STREAM>(dxr, lane0, H, dx_ok, b);
+      if (with_dres) store_lanes<T, VEC, FULL, BWD_STREAM>(drr, lane0, H, dx_ok, b);
     }
-    if (with_dw && !(KEEP && RLK_DW_FIRST)) {
+    if (with_dw && !KEEP) {
 #pragma unroll
       for (int k = 0; k < E; ++k) dw[k] = __fmaf_rn(xhat(k), elem_f32<T>(gb, k), dw[k]);
     }

@@ -10,9 +10,8 @@ device_ms: the same call captured in a CUDA graph, the median of three measureme
 with the other calls of the shape (differences of 1-2% are what the large-size target is about).
 "bare extension call": the binding alone with the layout precomputed (two torch allocations and the
 launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds the kernels without
-their streaming cache hints (-DRLK_STREAMING=0) and the backward with dW's fold after dx (-DRLK_DW_FIRST=0), and times
-each beside the build's (same bits: hints are not operations, and the fold is the same fma in the same row order; each
-row's bitwise field checks it).
+the forward's streaming cache hints (-DRLK_STREAMING=0) and the backward with them (-DRLK_BWD_STREAMING=1), and times
+each beside the build's (same bits: hints are not operations; each row's bitwise field checks it).
 """
 import argparse
 import json
@@ -63,7 +62,7 @@ def main():
     if args.variants:
         t1 = time.time()
         variants["native launch, no streaming hints"] = build_variant("RLK_STREAMING=0")
-        variants["native launch, dW fold after dx"] = build_variant("RLK_DW_FIRST=0")
+        variants["native launch, streaming hints in the backward"] = build_variant("RLK_BWD_STREAMING=1")
         report["variant_build_s"] = time.time() - t1
     g = torch.Generator(device="cuda").manual_seed(0)
     for (N, H), fused in [(shape, fused) for shape in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096),
@@ -82,7 +81,7 @@ def main():
                  "bare extension call": lambda: ext.rms_norm_fwd(x, r, w, 1e-6, 0.0, *layout, stream(x.device.index)),
                  "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6, residual=r)}
         for name, mod in variants.items():
-            if "dW" not in name:  # the forward is the same code in that build
+            if "backward" not in name:  # the forward is the same code in that build
                 calls[name] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
         if gate["admitted"]:
             calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
