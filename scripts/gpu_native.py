@@ -3,7 +3,7 @@ records), then the native kernels against the Triton kernels (forward and backwa
 run: rows {op, shape, backend, wall_ms, device_ms, bitwise} for the raw launches and, when admitted,
 the public calls (rms_norm(backend=...), selected_logp(backend=...)).
 
-    python scripts/gpu_native.py --out native.json --commit <sha> [--variants]
+    python scripts/gpu_native.py --out native.json --commit <sha> [--variants] [--op rmsnorm selected_logp]
 
 wall_ms: calls from the host with one sync at the end (what an eager caller pays per call);
 device_ms: the same call captured in a CUDA graph, the median of three measurements taken in turn
@@ -42,9 +42,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--op", nargs="+", default=sorted(native.OPS), choices=sorted(native.OPS),
+                    help="gate and time these ops (rmsnorm among them: its rows come first)")
     args = ap.parse_args()
+    if "rmsnorm" not in args.op:
+        ap.error("--op: rmsnorm is always gated and timed")
     gates, records = {}, {}
-    for op in sorted(native.OPS):
+    for op in args.op:
         t0 = time.time()
         gates[op] = native.admit(op)
         gates[op]["seconds"] = time.time() - t0
@@ -95,7 +99,8 @@ def main():
     rmsnorm_backward_rows(rows, ext, g, gate["admitted"], variants)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
+    if "selected_logp" in gates:
+        selected_logp_rows(rows, gates["selected_logp"]["admitted"], g)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
