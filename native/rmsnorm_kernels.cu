@@ -435,8 +435,6 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   auto advance = [&](bool step) {
     if (step) { hr_next += h_row_stride; gr_next += H; if constexpr (GRES) rr_next += H; }
   };
-  // rstd travels with the row's loads: its latency off the path from the loads to the sum
-  float r_next = PREFETCH && row0 < row_end ? rstd[row0] : 0.0f;
   if (PREFETCH && row0 < row_end) load_row();
   for (int64_t row = row0; row < row_end; ++row) {
     if (!PREFETCH) { load_row(); advance(true); }
@@ -447,12 +445,8 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
       gb[k] = gn[k];
       if constexpr (GRES) rb[k] = rn[k];
     }
-    const float r = PREFETCH ? r_next : rstd[row];
-    if (PREFETCH) {
-      r_next = rstd[row + 1 < row_end ? row + 1 : row];
-      advance(row + 1 < row_end);
-      load_row();
-    }
+    if (PREFETCH) { advance(row + 1 < row_end); load_row(); }
+    const float r = rstd[row];
     float xk[KEEP ? E : 1], gk[KEEP ? E : 1];
     if constexpr (KEEP) {
 #pragma unroll
