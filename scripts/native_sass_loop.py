@@ -114,8 +114,8 @@ def native_loop(dtype, H: int, source: Path, tmp: Path) -> dict:
     nvcc = native._nvcc()
     if nvcc is None:
         raise RuntimeError("no nvcc")
-    log = subprocess.run([nvcc, *native.BUILD_FLAGS, "-Xptxas", "-v", "-cubin", str(source), "-o", str(tmp / "n.cubin")],
-                         capture_output=True, text=True, check=True).stderr
+    log = subprocess.run([nvcc, *native.BUILD_FLAGS, "-Xptxas", "-v", "-cubin", str(source),
+                          "-o", str(tmp / "n.cubin")], capture_output=True, text=True, check=True).stderr
     name = next(n for n in sass_functions(tmp / "n.cubin") if tag in n)
     ins, labels = sass_functions(tmp / "n.cubin")[name]
     return {"kernel": name, "block_h": block, "num_warps": cfg.num_warps, "registers": registers(log, name),
