@@ -9,9 +9,10 @@ wall_ms: calls from the host with one sync at the end (what an eager caller pays
 device_ms: the same call captured in a CUDA graph, the median of three measurements taken in turn
 with the other calls of the shape (differences of 1-2% are what the large-size target is about).
 "bare extension call": the binding alone with the layout precomputed (two torch allocations and the
-launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds the kernels without
-the forward's streaming cache hints (-DRLK_STREAMING=0) and the backward with them (-DRLK_BWD_STREAMING=1), and times
-each beside the build's (same bits: hints are not operations; each row's bitwise field checks it).
+launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds
+the kernels without streaming cache hints (-DRLK_STREAMING=0) and the backward with them
+(-DRLK_BWD_STREAMING=1), and times each beside the build's (same bits: hints are not operations; each
+row's bitwise field checks it).
 """
 import argparse
 import json
