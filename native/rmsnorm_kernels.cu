@@ -36,7 +36,9 @@
 // is issued before the first use. x is read and y written once: streaming cache hints (ld / st .cs,
 // RLK_STREAMING, default on) keep them from evicting the weight. The backward goes without them
 // (RLK_BWD_STREAMING, default off): 2-3% faster on an H100 without the residual
-// (docs/reports/h100-native-2026-12-06.json). Neither changes an operation.
+// (docs/reports/h100-native-2026-12-06.json); and reads its rows with plain ld.global, as Triton does,
+// not the read-only path nvcc takes for const __restrict__ (RLK_BWD_READONLY_LOADS=1 restores that).
+// None of these changes an operation.
 // No torch headers: CI compiles this file for sm_90a with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,9 +56,6 @@ template <> struct Bits<float> { using type = unsigned; static constexpr int per
 
 __device__ __forceinline__ float to_f32(float, unsigned b) { return __uint_as_float(b); }
 __device__ __forceinline__ float to_f32(__half, unsigned b) { return __half2float(__ushort_as_half((unsigned short)b)); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16, unsigned b) {
-  return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
-}
 
 __device__ __forceinline__ unsigned from_f32(float, float v) { return __float_as_uint(v); }
 __device__ __forceinline__ unsigned from_f32(__half, float v) { return __half_as_ushort(__float2half_rn(v)); }
@@ -117,12 +116,35 @@ __device__ __forceinline__ void pack(unsigned& v, const unsigned* w) { v = w[0];
 #ifndef RLK_BWD_STREAMING  // the backward's loads and stores: the default policy, as Triton's (measured faster)
 #define RLK_BWD_STREAMING 0
 #endif
-// One vector access; STREAM: read or written once (evict first), else the default policy.
-template <bool STREAM, typename A>
+#ifndef RLK_BWD_READONLY_LOADS  // the backward's row loads: plain ld.global, as Triton's (see load_vec)
+#define RLK_BWD_READONLY_LOADS 0
+#endif
+// How a vector is read: STREAM, read once (ld.global.cs, evict first); PLAIN, ld.global with no
+// qualifier, as Triton emits (nvcc would take the read-only path, ld.global.nc, for a const __restrict__
+// pointer); DEFAULT, the compiler's choice.
+enum LoadPath { DEFAULT, STREAM, PLAIN };
+__device__ __forceinline__ uint4 ld_plain(const uint4* p) {
+  uint4 v;
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_plain(const uint2* p) {
+  uint2 v;
+  asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ unsigned ld_plain(const unsigned* p) {
+  unsigned v;
+  asm("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+template <LoadPath PATH, typename A>
 __device__ __forceinline__ A load_vec(const A* p) {
-  if constexpr (STREAM && RLK_STREAMING) return __ldcs(p);
+  if constexpr (PATH == STREAM && RLK_STREAMING) return __ldcs(p);
+  else if constexpr (PATH == PLAIN) return ld_plain(p);
   else return *p;
 }
+// One vector store; STREAM: written once (evict first), else the default policy.
 template <bool STREAM, typename A>
 __device__ __forceinline__ void store_vec(A* p, A v) {
   if constexpr (STREAM && RLK_STREAMING) __stcs(p, v);
@@ -131,14 +153,14 @@ __device__ __forceinline__ void store_vec(A* p, A v) {
 
 // Lanes lane0 .. lane0 + V - 1 of a row into elements r0 .. r0 + V - 1 of raw (0 beyond H); one
 // vector access when all V are in the row and the row is aligned for it (FULL: known to be).
-template <typename T, int V, bool FULL = false, bool STREAM = false>
+template <typename T, int V, bool FULL = false, LoadPath PATH = DEFAULT>
 __device__ __forceinline__ void load_lanes(const T* row, int lane0, int H, bool aligned, unsigned* raw, int r0) {
   using B = typename Bits<T>::type;
   const B* p = reinterpret_cast<const B*>(row) + lane0;
   constexpr int BYTES = V * (int)sizeof(B);
   if constexpr (BYTES >= 4) {
     if (FULL || (aligned && lane0 + V <= H)) {
-      words(load_vec<STREAM>(reinterpret_cast<const typename Access<BYTES>::type*>(p)), raw + r0 / Bits<T>::per_word);
+      words(load_vec<PATH>(reinterpret_cast<const typename Access<BYTES>::type*>(p)), raw + r0 / Bits<T>::per_word);
       return;
     }
   }
@@ -226,7 +248,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       if (row < N) {
-        load_lanes<T, VEC, FULL, true>(xr, c * VEC * THREADS + t * VEC, H, ok, h[i], c * VEC);
+        load_lanes<T, VEC, FULL, STREAM>(xr, c * VEC * THREADS + t * VEC, H, ok, h[i], c * VEC);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) set_elem<T>(h[i], c * VEC + j, 0u);
@@ -244,7 +266,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_fwd_kernel(
       const bool o_ok = FULL || aligned_for(out, VEC);
       unsigned rb[WORDS];
 #pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL, true>(rr, c * VEC * THREADS + t * VEC, H, r_ok, rb, c * VEC);
+      for (int c = 0; c < CHUNKS; ++c) load_lanes<T, VEC, FULL, STREAM>(rr, c * VEC * THREADS + t * VEC, H, r_ok, rb, c * VEC);
 #pragma unroll
       for (int k = 0; k < WORDS; ++k) h[i][k] = add_words(T(), h[i][k], rb[k]);
 #pragma unroll
@@ -416,6 +438,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   // branched around).
   unsigned hn[WORDS], gn[WORDS], rn[GRES ? WORDS : 1];
   constexpr bool BWD_STREAM = RLK_BWD_STREAMING;
+  constexpr LoadPath ROW_LOADS = BWD_STREAM ? STREAM : RLK_BWD_READONLY_LOADS ? DEFAULT : PLAIN;
   // row pointers advanced by a row each step (no 64-bit multiply per row)
   const T* hr_next = h + row0 * h_row_stride;
   const T* gr_next = g + row0 * (int64_t)H;
@@ -427,9 +450,9 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int lane0 = c * VEC * THREADS + t * VEC;
-      load_lanes<T, VEC, FULL, BWD_STREAM>(hr, lane0, H, h_ok, hn, c * VEC);
-      load_lanes<T, VEC, FULL, BWD_STREAM>(gr, lane0, H, g_ok, gn, c * VEC);
-      if constexpr (GRES) load_lanes<T, VEC, FULL, BWD_STREAM>(rr_next, lane0, H, g_ok, rn, c * VEC);
+      load_lanes<T, VEC, FULL, ROW_LOADS>(hr, lane0, H, h_ok, hn, c * VEC);
+      load_lanes<T, VEC, FULL, ROW_LOADS>(gr, lane0, H, g_ok, gn, c * VEC);
+      if constexpr (GRES) load_lanes<T, VEC, FULL, ROW_LOADS>(rr_next, lane0, H, g_ok, rn, c * VEC);
     }
   };
   auto advance = [&](bool step) {
@@ -459,9 +482,13 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
         dw[k] = __fmaf_rn(xk[k], gf, dw[k]);  // stored only with_dw
       }
     }
-    auto xhat = [&](int k) { return KEEP ? xk[KEEP ? k : 0] : __fmul_rn(r, elem_f32<T>(hb, k)); };
+    auto xhat = [&](int k) {
+      if constexpr (KEEP) return xk[k];
+      else return __fmul_rn(r, elem_f32<T>(hb, k));
+    };
     auto gw = [&](int k) {
-      return KEEP ? gk[KEEP ? k : 0] : __fmul_rn(__fadd_rn(weight_offset, elem_f32<T>(wb, k)), elem_f32<T>(gb, k));
+      if constexpr (KEEP) return gk[k];
+      else return __fmul_rn(__fadd_rn(weight_offset, elem_f32<T>(wb, k)), elem_f32<T>(gb, k));
     };
     float s = __fmaf_rn(gw(0), xhat(0), 0.0f);
     if constexpr (E > 1) {

@@ -10,9 +10,10 @@ device_ms: the same call captured in a CUDA graph, the median of three measureme
 with the other calls of the shape (differences of 1-2% are what the large-size target is about).
 "bare extension call": the binding alone with the layout precomputed (two torch allocations and the
 launch, the stream handle read): the floor of any torch-allocating native call. --variants also builds
-the kernels without streaming cache hints (-DRLK_STREAMING=0) and the backward with them
-(-DRLK_BWD_STREAMING=1), and times each beside the build's (same bits: hints are not operations; each
-row's bitwise field checks it).
+the kernels without streaming cache hints (-DRLK_STREAMING=0), the backward with them
+(-DRLK_BWD_STREAMING=1) and the backward's row loads through the read-only path (-DRLK_BWD_READONLY_LOADS=1),
+and times each beside the build's (same bits: load and store paths are not operations; each row's
+bitwise field checks it); `--variants FLAG ...` builds only those.
 """
 import argparse
 import json
@@ -25,6 +26,12 @@ import triton
 from rlk_triton import bench, native
 from rlk_triton.ops import launch, rmsnorm
 from rlk_triton.ops.rmsnorm import rms_norm
+
+
+# -D flag -> the rows' backend name ("backward" in it: only the backward differs)
+VARIANTS = {"RLK_STREAMING=0": "native launch, no streaming hints",
+            "RLK_BWD_STREAMING=1": "native launch, streaming hints in the backward",
+            "RLK_BWD_READONLY_LOADS=1": "native launch, read-only loads in the backward"}
 
 
 def build_variant(flag: str):
@@ -42,7 +49,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--variants", nargs="*", default=None, choices=sorted(VARIANTS), metavar="FLAG",
+                    help=f"time builds with one more -D flag: these, or all of {sorted(VARIANTS)}")
     ap.add_argument("--op", nargs="+", default=sorted(native.OPS), choices=sorted(native.OPS),
                     help="gate and time these ops (rmsnorm among them: its rows come first)")
     args = ap.parse_args()
@@ -64,10 +72,10 @@ def main():
               "rows": rows}
     ext = native.load("rmsnorm")
     variants = {}
-    if args.variants:
+    if args.variants is not None:
         t1 = time.time()
-        variants["native launch, no streaming hints"] = build_variant("RLK_STREAMING=0")
-        variants["native launch, streaming hints in the backward"] = build_variant("RLK_BWD_STREAMING=1")
+        for flag in args.variants or sorted(VARIANTS):
+            variants[VARIANTS[flag]] = build_variant(flag)
         report["variant_build_s"] = time.time() - t1
     g = torch.Generator(device="cuda").manual_seed(0)
     for (N, H), fused in [(shape, fused) for shape in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096),
