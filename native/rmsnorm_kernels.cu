@@ -402,12 +402,12 @@ int launch_dtype(const FwdArgs& a, int block_h, int num_warps, int vec, int rows
 //   dW partial of a block of R rows (the locked "rmsnorm_dw_rows"): per lane, dw = fma(xhat, g, dw)
 //     over the block's rows in increasing order, from +0; stored as the block's fp32 row.
 // The partial rows are then summed by rms_norm_dw_reduce_kernel (below).
-template <typename T, int E, int VEC, int WARPS, bool FULL, bool GRES>
+template <typename T, int E, int VEC, int WARPS, bool FULL, bool GRES, bool DRES>
 __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
     const T* __restrict__ g, const T* __restrict__ gres, const T* __restrict__ h, int64_t h_row_stride,
     const T* __restrict__ w, const float* __restrict__ rstd, T* __restrict__ dx, T* __restrict__ dres,
     float* __restrict__ partial, int64_t N, int H, float h_count, float weight_offset, int rows_per_block,
-    bool with_dw, bool with_dres) {
+    bool with_dw) {
   using L = RowLayout<T, E, VEC, WARPS>;
   constexpr int THREADS = L::THREADS, CHUNKS = L::CHUNKS, WORDS = L::WORDS, VWORDS = L::VWORDS;
   const int t = threadIdx.x;
@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
       }
       const int lane0 = c * VEC * THREADS + t * VEC;
       store_lanes<T, VEC, FULL, BWD_STREAM>(dxr, lane0, H, dx_ok, b);
-      if (with_dres) store_lanes<T, VEC, FULL, BWD_STREAM>(drr, lane0, H, dx_ok, b);
+      if constexpr (DRES) store_lanes<T, VEC, FULL, BWD_STREAM>(drr, lane0, H, dx_ok, b);
     }
     if (with_dw && !KEEP) {
 #pragma unroll
@@ -595,14 +595,14 @@ struct BwdArgs {
   cudaStream_t stream;
 };
 
-template <typename T, int E, int WARPS, bool FULL, bool GRES>
+template <typename T, int E, int WARPS, bool FULL, bool GRES, bool DRES>
 int launch_bwd_rows(const BwdArgs& a) {
   constexpr int VEC = full_vec<T, E>();
   const int64_t n_blocks = (a.N + a.rows_per_block - 1) / a.rows_per_block;
-  rms_norm_bwd_kernel<T, E, VEC, WARPS, FULL, GRES><<<(unsigned)n_blocks, WARPS * 32, 0, a.stream>>>(
+  rms_norm_bwd_kernel<T, E, VEC, WARPS, FULL, GRES, DRES><<<(unsigned)n_blocks, WARPS * 32, 0, a.stream>>>(
       (const T*)a.g, (const T*)a.gres, (const T*)a.h, a.h_row_stride, (const T*)a.w, a.rstd, (T*)a.dx,
       (T*)(a.dres ? a.dres : a.dx), a.partial, a.N, a.H, (float)a.H, a.weight_offset, a.rows_per_block,
-      a.partial != nullptr, a.dres != nullptr);
+      a.partial != nullptr);
   if (a.partial) {
     const unsigned blocks = (unsigned)((a.H + 15) / 16);
     if (a.H % 16 == 0)
@@ -613,14 +613,24 @@ int launch_bwd_rows(const BwdArgs& a) {
   return cudaGetLastError() == cudaSuccess ? 0 : 2;
 }
 
+// GRES / DRES: the residual_out gradient is read / the residual's gradient written. Both are template
+// flags, not runtime ones: a runtime d residual store made the compiler keep two copies of the store
+// path and issue the next row's loads after the row's first shuffles, not before them.
+template <typename T, int E, int WARPS, bool FULL>
+int launch_bwd_flags(const BwdArgs& a) {
+  if (a.gres)
+    return a.dres ? launch_bwd_rows<T, E, WARPS, FULL, true, true>(a) : launch_bwd_rows<T, E, WARPS, FULL, true, false>(a);
+  return a.dres ? launch_bwd_rows<T, E, WARPS, FULL, false, true>(a)
+                : launch_bwd_rows<T, E, WARPS, FULL, false, false>(a);
+}
+
 template <typename T, int E, int WARPS>
 int launch_bwd_layout(const BwdArgs& a) {
   constexpr int VEC = full_vec<T, E>();
   // FULL: every lane of the tile is in the row and every row start is vector-aligned (h's; g, dx, d
   // residual are [N, H] with H the tile)
   const bool full = a.H == E * WARPS * 32 && a.h_row_stride % VEC == 0;
-  if (full) return a.gres ? launch_bwd_rows<T, E, WARPS, true, true>(a) : launch_bwd_rows<T, E, WARPS, true, false>(a);
-  return a.gres ? launch_bwd_rows<T, E, WARPS, false, true>(a) : launch_bwd_rows<T, E, WARPS, false, false>(a);
+  return full ? launch_bwd_flags<T, E, WARPS, true>(a) : launch_bwd_flags<T, E, WARPS, false>(a);
 }
 
 template <typename T>

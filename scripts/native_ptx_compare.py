@@ -227,11 +227,11 @@ def rmsnorm_bwd_case(module: str, dtype, H: int, h_stride: int, gres: bool, seed
     ga, gra, ha, wa, sa, dxa, dra, pa, dwa = regions(mem)
     E = block // (32 * warps)
     full = H == block and h_stride % vec == 0
-    name = f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}ELb{int(gres)}EE"
+    name = f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}ELb{int(gres)}ELb1EE"
     code = emu.entry(module, name)
     for b in range(n_blocks):
         emu.run_cta(code, 32 * warps, [ga, gra if gres else 0, ha, h_stride, wa, sa, dxa, dra, pa, N, H,
-                                       emu.f32_bits(float(H)), emu.f32_bits(offset), R, 1, 1], mem.buf, b)
+                                       emu.f32_bits(float(H)), emu.f32_bits(offset), R, 1], mem.buf, b)
     code = emu.entry(module, f"rms_norm_dw_reduce_kernelI{emu.CUDA_TYPE[dtype]}Li{4 if H % 16 == 0 else 1}EE")
     for b in range(-(-H // 16)):
         emu.run_cta(code, 128, [pa, dwa, n_blocks, H], mem.buf, b)

@@ -111,7 +111,7 @@ def native_loop(dtype, H: int, source: Path, tmp: Path) -> dict:
     block = rmsnorm.hidden_tile(cfg, H)
     E = block // (cfg.num_warps * 32)
     vec = min(16 // torch.empty(0, dtype=dtype).element_size(), E)
-    tag = f"rms_norm_bwd_kernelI{MANGLED[dtype]}Li{E}ELi{cfg.num_warps}ELi{vec}ELb1ELb0E"
+    tag = f"rms_norm_bwd_kernelI{MANGLED[dtype]}Li{E}ELi{cfg.num_warps}ELi{vec}ELb1ELb0ELb0E"
     nvcc = native._nvcc()
     if nvcc is None:
         raise RuntimeError("no nvcc")

@@ -247,7 +247,7 @@ def model_backward(h, g, gr, w, rstd, offset, block, warps, vec, R):
     return torch.from_numpy(dh[:, :H]).to(h.dtype), partial, torch.from_numpy(dw).to(h.dtype)
 
 
-def emulate_backward(module, h, g, gr, w, rstd, offset, R):
+def emulate_backward(module, h, g, gr, w, rstd, offset, R, dres=True):
     """(dx, d residual, partial rows, dw, layout) of the native backward kernels on the sm90 layout,
     emulated; R rows per dW partial (the order for any R is the same code; the GPU's is 64)."""
     N, H = h.shape
@@ -265,10 +265,10 @@ def emulate_backward(module, h, g, gr, w, rstd, offset, R):
     pa, dwa = mem.alloc(n_blocks * H * 4), mem.alloc(H * esz)
     full = H == block and h.stride(0) % vec == 0
     entry = emu.entry(module, f"rms_norm_bwd_kernelI{emu.CUDA_TYPE[h.dtype]}Li{E}ELi{vec}ELi{warps}ELb{int(full)}"
-                              f"ELb{int(gr is not None)}EE")
+                              f"ELb{int(gr is not None)}ELb{int(dres)}EE")
     for b in range(n_blocks):
         emu.run_cta(entry, 32 * warps, [ga, gra, ha, h.stride(0), wa, sa, dxa, dra, pa, N, H, emu.f32_bits(float(H)),
-                                        emu.f32_bits(offset), R, 1, 1], mem.buf, b)
+                                        emu.f32_bits(offset), R, 1], mem.buf, b)
     entry = emu.entry(module, f"rms_norm_dw_reduce_kernelI{emu.CUDA_TYPE[h.dtype]}Li{4 if H % 16 == 0 else 1}EE")
     for b in range(-(-H // 16)):
         emu.run_cta(entry, 128, [pa, dwa, n_blocks, H], mem.buf, b)
@@ -277,18 +277,20 @@ def emulate_backward(module, h, g, gr, w, rstd, offset, R):
         (block, warps, vec, full)
 
 
-# (dtype, H, h's row stride, the residual's gradient, rows, rows per dW partial): one lane per thread,
-# each vector width, FULL and not, both reduction layouts, more than 128 partial rows
+# (dtype, H, h's row stride, the residual_out's gradient read, the residual's gradient written, rows,
+# rows per dW partial): one lane per thread, each vector width, FULL and not, both reduction layouts,
+# more than 128 partial rows, each pair of the two residual flags
 BACKWARD_CASES = [
-    (torch.bfloat16, 128, 128, False, 12, 4), (torch.float32, 1000, 1000, True, 12, 4),
-    (torch.float16, 2048, 2048, False, 12, 4), (torch.bfloat16, 4096, 4100, True, 12, 4),
-    (torch.float32, 4099, 4099, False, 9, 4), (torch.bfloat16, 16384, 16384, False, 6, 4),
-    (torch.float32, 128, 128, False, 133, 1), (torch.float32, 200, 200, True, 133, 1),
+    (torch.bfloat16, 128, 128, False, True, 12, 4), (torch.float32, 1000, 1000, True, True, 12, 4),
+    (torch.float16, 2048, 2048, False, False, 12, 4), (torch.bfloat16, 4096, 4100, True, False, 12, 4),
+    (torch.float32, 4099, 4099, False, True, 9, 4), (torch.bfloat16, 16384, 16384, False, False, 6, 4),
+    (torch.float32, 128, 128, False, True, 133, 1), (torch.float32, 200, 200, True, True, 133, 1),
 ]
 
 
-@pytest.mark.parametrize("dtype,H,stride,with_gr,N,R", BACKWARD_CASES)
-def test_native_rmsnorm_backward_ptx_computes_in_the_documented_order(ptx, dtype, H, stride, with_gr, N, R):
+@pytest.mark.parametrize("dtype,H,stride,with_gr,with_dres,N,R", BACKWARD_CASES)
+def test_native_rmsnorm_backward_ptx_computes_in_the_documented_order(ptx, dtype, H, stride, with_gr, with_dres,
+                                                                       N, R):
     g = torch.Generator().manual_seed(H + 3)
     h = (torch.randn(N, stride, generator=g) * 3).to(dtype)[:, :H]
     h[1] = h[1] * 1e-3
@@ -296,8 +298,9 @@ def test_native_rmsnorm_backward_ptx_computes_in_the_documented_order(ptx, dtype
     gr = torch.randn(N, H, generator=g).to(dtype) if with_gr else None
     w = (torch.randn(H, generator=g) * 0.5 + 1).to(dtype)
     rstd = (1 / np.sqrt((h.float() ** 2).mean(1).numpy() + 1e-5)).astype(F)
-    dx, dres, partial, dw, (block, warps, vec, _) = emulate_backward(ptx, h, gy, gr, w, rstd, 0.5, R)
+    dx, dres, partial, dw, (block, warps, vec, _) = emulate_backward(ptx, h, gy, gr, w, rstd, 0.5, R, with_dres)
     dx_model, partial_model, dw_model = model_backward(h, gy, gr, w, rstd, 0.5, block, warps, vec, R)
-    assert _same(dx, dx_model) and _same(dres, dx_model)
+    # d residual is a second copy of dx, written only when asked for (its buffer starts zeroed)
+    assert _same(dx, dx_model) and _same(dres, dx_model if with_dres else torch.zeros_like(dres))
     assert (partial.view(np.uint32) == partial_model.view(np.uint32)).all()
     assert _same(dw, dw_model)
