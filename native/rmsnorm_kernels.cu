@@ -528,13 +528,29 @@ __global__ void __launch_bounds__(WARPS * 32) rms_norm_bwd_kernel(
   }
   if (with_dw) {
     float* part = partial + (int64_t)blockIdx.x * H;
+    if constexpr (FULL) {  // H is the tile: a thread's VEC lanes are in the row and 16-byte aligned
+      constexpr int F = VEC < 4 ? VEC : 4;  // floats a store
+      using A = typename Access<F * 4>::type;
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c)
+      for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const int lane = c * VEC * THREADS + t * VEC + j;
-        if (lane < H) part[lane] = dw[c * VEC + j];
-      }
+        for (int j = 0; j < VEC; j += F) {
+          unsigned bits[F];
+#pragma unroll
+          for (int i = 0; i < F; ++i) bits[i] = __float_as_uint(dw[c * VEC + j + i]);
+          A v;
+          pack(v, bits);
+          *reinterpret_cast<A*>(part + c * VEC * THREADS + t * VEC + j) = v;
+        }
+    } else {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int lane = c * VEC * THREADS + t * VEC + j;
+          if (lane < H) part[lane] = dw[c * VEC + j];
+        }
+    }
   }
 }
 
