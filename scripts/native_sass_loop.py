@@ -1,8 +1,9 @@
 """The rms_norm backward's row loop in sm90 SASS, the native kernel beside Triton's: instructions per
 row by opcode, registers per thread and the forward branches inside the loop, on a machine without a
 GPU. It reproduces docs/native.md's counts at bf16 H 4096 (the native loop: 323 instructions at
-91a5ec3; 289 now, of which a row without the d residual runs 257; Triton's: 259). Speed is the GPU's
-to say (scripts/gpu_native.py); this only counts.
+91a5ec3; 289 at 10fea7d, of which a row without the d residual ran 257; 227 since 5ab2257, the d
+residual a template flag; Triton's: 259). Speed is the GPU's to say (scripts/gpu_native.py); this
+only counts.
 
     PYTHONPATH=/path/to/triton-3.6 python scripts/native_sass_loop.py [--dtype bfloat16] [--H 4096]
         [--native-source FILE] [--json OUT]
@@ -10,7 +11,8 @@ to say (scripts/gpu_native.py); this only counts.
 Needs nvcc and the GPU machine's Triton (3.6: its wheel ships ptxas and nvdisasm). Triton's kernel
 is compiled as the JIT specializes the launch (scripts/aot_compile_check.py) with the locked
 "rmsnorm_bwd" tile and "rmsnorm_dw_rows" rows, dW on, no residual gradient; the native one is the
-instantiation its launcher picks for that tile on full, aligned rows (FULL, no residual gradient).
+instantiation its launcher picks for that tile on full, aligned rows (FULL, no residual gradient read
+or d residual written; sources before 5ab2257 had no d residual flag).
 --native-source counts another version of native/rmsnorm_kernels.cu (`git show REV:...` into a file).
 """
 import argparse
@@ -111,14 +113,15 @@ def native_loop(dtype, H: int, source: Path, tmp: Path) -> dict:
     block = rmsnorm.hidden_tile(cfg, H)
     E = block // (cfg.num_warps * 32)
     vec = min(16 // torch.empty(0, dtype=dtype).element_size(), E)
-    tag = f"rms_norm_bwd_kernelI{MANGLED[dtype]}Li{E}ELi{cfg.num_warps}ELi{vec}ELb1ELb0ELb0E"
+    tag = f"rms_norm_bwd_kernelI{MANGLED[dtype]}Li{E}ELi{cfg.num_warps}ELi{vec}ELb1ELb0E"
     nvcc = native._nvcc()
     if nvcc is None:
         raise RuntimeError("no nvcc")
     log = subprocess.run([nvcc, *native.BUILD_FLAGS, "-Xptxas", "-v", "-cubin", str(source),
                           "-o", str(tmp / "n.cubin")], capture_output=True, text=True, check=True).stderr
     funcs = sass_functions(tmp / "n.cubin")
-    name = next(n for n in funcs if tag in n)
+    # FULL, no residual gradient, then no d residual (the flag since 5ab2257; none before it)
+    name = next(n for n in funcs if tag + "Lb0EE" in n or tag + "EE" in n)
     ins, labels = funcs[name]
     return {"kernel": name, "block_h": block, "num_warps": cfg.num_warps, "registers": registers(log, name),
             **row_loop(ins, labels)}
