@@ -6,7 +6,8 @@
 # (gpu_attention_tiles.py), the attention forward's Hopper levers (gpu_attention_fwd_levers.py), linear_logp's
 # gradient GEMMs against cuBLAS (gpu_linear_logp_gemms.py), its steps after idle and sustained with the clocks
 # sampled (gpu_linear_logp_clocks.py), its fused kernels' epilogue cost (gpu_linear_logp_epilogue.py). Each
-# step has its own time box; everything lands under $OUT.
+# step has its own time box; everything lands under $OUT. "kernels": the native rms_norm backward's device time
+# per kernel against Triton's (gpu_native_kernels.py).
 #   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -27,6 +28,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
            pkill -f "pytest" 2>/dev/null; sleep 1 ;;  # a timed-out run leaves xdist workers: they would skew the timings
     native) timeout ${NATIVE_S:-300} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1
             echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
+    kernels) timeout ${KERNELS_S:-90} python3 scripts/gpu_native_kernels.py --out $OUT/kernels.json --commit $C > $OUT/kernels.log 2>&1
+             echo "kernels: exit $?"; grep "^{" $OUT/kernels.log | cut -c1-250 ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
     ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) ${LL_ARGS:-} > $OUT/ll.log 2>&1
