@@ -114,10 +114,9 @@ def main():
         json.dump(report, f, indent=1)
 
 
-def rmsnorm_backward_rows(rows, ext, g, admitted, variants):
-    """The rms_norm backward launches (dx and dW; d residual and the residual_out gradient when fused),
-    Triton against native, training-sized rows, bf16; then the public fwd+bwd call (torch.autograd.grad)
-    per backend, the issue's [16384 x 4096] target (native only where admitted)."""
+def backward_cases(g):
+    """(N, H, fused, launch_backward's arguments) of the timed rms_norm backward rows: training-sized
+    bf16 rows, dW on, without and with the residual (its gradient read, d residual written)."""
     for (N, H), fused in [(shape, fused) for shape in ((1024, 4096), (16384, 4096), (16384, 8192))
                           for fused in (False, True)]:
         h = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
@@ -125,7 +124,14 @@ def rmsnorm_backward_rows(rows, ext, g, admitted, variants):
         rstd = torch.rsqrt(h.float().square().mean(1) + 1e-6)
         gy = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
         gr = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16) if fused else None
-        args = (gy, gr, h, w, rstd, 0.0, True, fused)
+        yield N, H, fused, (gy, gr, h, w, rstd, 0.0, True, fused)
+
+
+def rmsnorm_backward_rows(rows, ext, g, admitted, variants):
+    """The rms_norm backward launches (dx and dW; d residual and the residual_out gradient when fused),
+    Triton against native, training-sized rows, bf16; then the public fwd+bwd call (torch.autograd.grad)
+    per backend, the issue's [16384 x 4096] target (native only where admitted)."""
+    for N, H, fused, args in backward_cases(g):
         want = rmsnorm.launch_backward(*args)
         calls = {"triton backward launch": lambda: rmsnorm.launch_backward(*args),
                  "native backward launch": lambda: native._rmsnorm_backward(ext, *args)}

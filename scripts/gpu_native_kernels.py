@@ -12,6 +12,7 @@ import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
+from gpu_native import backward_cases
 from rlk_triton import native
 from rlk_triton.ops import rmsnorm
 
@@ -42,13 +43,7 @@ def main():
     ext = native.load("rmsnorm")
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for (N, H), fused in [(s, f) for s in ((1024, 4096), (16384, 4096), (16384, 8192)) for f in (False, True)]:
-        h = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
-        w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
-        rstd = torch.rsqrt(h.float().square().mean(1) + 1e-6)
-        gy = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16)
-        gr = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16) if fused else None
-        a = (gy, gr, h, w, rstd, 0.0, True, fused)
+    for N, H, fused, a in backward_cases(g):  # gpu_native.py's backward rows
         for backend, fn in (("triton", lambda: rmsnorm.launch_backward(*a)),
                             ("native", lambda: native._rmsnorm_backward(ext, *a))):
             row = {"shape": f"{N} x {H} bf16", "residual": fused, "backend": backend, "kernels_us": kernel_times(fn)}
