@@ -28,7 +28,7 @@ from rlk_triton.ops import launch, rmsnorm
 from rlk_triton.ops.rmsnorm import rms_norm
 
 
-# -D flag -> the rows' backend name ("backward" in it: only the backward differs)
+# -D flag -> the rows' backend name; an RLK_BWD_ flag changes only the backward, so its build is timed there only
 VARIANTS = {"RLK_STREAMING=0": "native launch, no streaming hints",
             "RLK_BWD_STREAMING=1": "native launch, streaming hints in the backward",
             "RLK_BWD_READONLY_LOADS=1": "native launch, read-only loads in the backward"}
@@ -75,7 +75,7 @@ def main():
     if args.variants is not None:
         t1 = time.time()
         for flag in args.variants or sorted(VARIANTS):
-            variants[VARIANTS[flag]] = build_variant(flag)
+            variants[flag] = build_variant(flag)
         report["variant_build_s"] = time.time() - t1
     g = torch.Generator(device="cuda").manual_seed(0)
     for (N, H), fused in [(shape, fused) for shape in ((1, 4096), (8, 4096), (64, 4096), (1024, 4096),
@@ -93,9 +93,9 @@ def main():
                  # the stream read in the call: a handle read once would launch outside a graph's capture
                  "bare extension call": lambda: ext.rms_norm_fwd(x, r, w, 1e-6, 0.0, *layout, stream(x.device.index)),
                  "rms_norm(backend='triton')": lambda: rms_norm(x, w, eps=1e-6, residual=r)}
-        for name, mod in variants.items():
-            if "backward" not in name:  # the forward is the same code in that build
-                calls[name] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
+        for flag, mod in variants.items():
+            if not flag.startswith("RLK_BWD_"):  # else the forward is the same code in that build
+                calls[VARIANTS[flag]] = lambda mod=mod: native._rmsnorm_forward(mod, x, w, 1e-6, 0.0, *rest)
         if gate["admitted"]:
             calls["rms_norm(backend='cuda_native')"] = lambda: rms_norm(x, w, eps=1e-6, residual=r,
                                                                         backend="cuda_native")
@@ -135,8 +135,9 @@ def rmsnorm_backward_rows(rows, ext, g, admitted, variants):
         want = rmsnorm.launch_backward(*args)
         calls = {"triton backward launch": lambda: rmsnorm.launch_backward(*args),
                  "native backward launch": lambda: native._rmsnorm_backward(ext, *args)}
-        for name, mod in variants.items():
-            calls[name.replace("launch", "backward launch")] = lambda mod=mod: native._rmsnorm_backward(mod, *args)
+        for flag, mod in variants.items():
+            calls[VARIANTS[flag].replace("launch", "backward launch")] = \
+                lambda mod=mod: native._rmsnorm_backward(mod, *args)
         time_calls(rows, calls, lambda name, got: {
             "op": "rms_norm bwd" + (" + residual" if fused else ""), "shape": f"{N} x {H} bf16",
             "bitwise": all(native.same_bits(a, b) for a, b in zip(got, want) if a.numel() or b.numel())})
