@@ -488,8 +488,18 @@ def usable(op: str, device: str) -> tuple[bool, Optional[str]]:
 
 
 def status(device="cuda") -> list[dict]:
-    return [{"op": op, "backend": f"{op}.cuda_native", "admitted": ok, "reason": why}
-            for op in OPS for ok, why in [admission(op, device)]]
+    """Per op: admitted (a record with this process's fingerprint) and why; where the native build
+    cannot run on `device` at all (a CPU machine), that reason first: advising `admit` there would send
+    the reader to a command that cannot succeed."""
+    rows = []
+    for op in OPS:
+        ok, why = admission(op, device)
+        cannot = unavailable_reason(op, device)
+        if cannot:
+            why = f"cannot build or run here ({cannot})" + ("" if read_record(op) is None else
+                                                            f"; the record at {record_path(op)}: {why}")
+        rows.append({"op": op, "backend": f"{op}.cuda_native", "admitted": ok, "reason": why, "unavailable": cannot})
+    return rows
 
 
 # ---- build ----

@@ -54,6 +54,17 @@ def test_no_record_means_not_admitted(cache):
     assert not any(row["admitted"] for row in rows.values())
 
 
+def test_status_where_the_build_cannot_run_says_so_first(cache):
+    """On a device the native build cannot use, status leads with that reason, not with advice to run
+    `admit` (which cannot succeed there); a record there is still named, with its own state."""
+    row = next(r for r in native.status("cpu") if r["op"] == "rmsnorm")
+    assert row["unavailable"] == native.unavailable_reason("rmsnorm", "cpu") is not None
+    assert row["reason"].startswith("cannot build or run here") and "native admit" not in row["reason"]
+    native._write_record("rmsnorm", _record(dict(native.fingerprint("rmsnorm", "cpu"), sources="0" * 16)))
+    row = next(r for r in native.status("cpu") if r["op"] == "rmsnorm")
+    assert not row["admitted"] and "stale record" in row["reason"] and str(native.record_path("rmsnorm")) in row["reason"]
+
+
 def test_a_record_counts_only_with_this_fingerprint(cache):
     fp = native.fingerprint("rmsnorm", "cpu")
     native._write_record("rmsnorm", _record(fp))
