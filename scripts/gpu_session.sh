@@ -18,7 +18,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for step in ${STEPS:-native tests host ll split}; do  # native first: its records let the tests run the admitted paths
   case $step in
     tests) # 8 workers on 16 cores: two BLAS / OpenMP threads each, not 16 each (the float64 references' GEMMs);
-           # 300 s: test_native's nvcc compiles of native/*.cu alone take 90-100 s each there
+           # 300 s: test_native's nvcc compiles of native/*.cu alone take 90-100 s each there.
+           # Without a native step before it in this call: the committed records that match this machine
+           # (scripts/native_seed_records.py), so the tests of the admitted native paths run, not skip
+           python3 scripts/native_seed_records.py
            OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2 timeout ${TESTS_S:-300} python3 -m pytest -q -rfs -n 8 -p no:cacheprovider --durations=8 ${TESTS:-tests/test_native.py \
              tests/test_cuda_graphs.py tests/test_linear_logp_saved.py tests/test_dispatch.py \
              tests/test_attention.py::test_backward_whole_block_loops_give_the_masked_bits \
