@@ -75,7 +75,7 @@ def _triton(op, kernels, devices, **claims) -> Backend:
                    batch_invariant=True, bitwise_deterministic=True, **claims)
 
 
-NATIVE_SPEED_REPORT = "docs/reports/h200-native-2026-12-05.json"
+NATIVE_SPEED_REPORT = "docs/reports/h200-native-2026-12-06.json"
 
 
 def _native(op, kernels, shape_ranges, notes, faster_rows: RowsRank, passes="forward and backward") -> Backend:
@@ -103,8 +103,8 @@ def _selected_logp() -> Operator:
         _native("selected_logp", "kernels native/selected_logp_kernels.cu",
                 {"V": "1 .. 64 vocab chunks (524288 for 2-byte logits, 262144 for float32)",
                  "leading_dims": "any that view as [N, V] (dense row strides)", "rows": "any"}, "eager only; the indexed variant too",
-                RowsRank(64, -1, NATIVE_SPEED_REPORT, "selected_logp(backend=...), bf16 V 151936, 1-64 rows: 81-98 "
-                         "against Triton's 144-155 us wall; at 4096 rows 430 against 366 us")),
+                RowsRank(64, -1, NATIVE_SPEED_REPORT, "selected_logp(backend=...), bf16 V 151936, 1-64 rows: 36-37 "
+                         "against Triton's 69-71 us wall; at 4096 rows 442 against 434 us")),
     ))
 
 
@@ -138,8 +138,8 @@ def _rmsnorm() -> Operator:
                  "residual": "optional (one fused layout refused: docs/native.md)", "weight": "x's dtype"},
                 "eager only",
                 RowsRank(1024, -1, NATIVE_SPEED_REPORT, "rms_norm(backend=...) forward, bf16 H 4096, 1-1024 rows, with "
-                         "or without the residual: 47-72 against Triton's 57-87 us wall (the backward launch at "
-                         "1024 rows: 53 / 64 against 63 / 60 us); at 16384 rows 71-142 against 70-135 us")),
+                         "or without the residual: 28-33 against Triton's 36-45 us wall (the backward launch at "
+                         "1024 rows: 33 / 50 against 43 / 53 us); at 16384 rows 71-143 against 69-136 us")),
     ))
 
 
