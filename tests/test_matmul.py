@@ -100,6 +100,74 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
         assert torch.equal(x, y)
 
 
+def _desc_config(monkeypatch):
+    """The locked matmul configs with persistent_tma on in every bucket (as sm90's small-M rows at
+    M <= 16 have it): the interpreter's rows have it off."""
+    import dataclasses
+
+    from rlk_triton import configs
+
+    lookup = configs.lookup_matmul
+    monkeypatch.setattr(configs, "lookup_matmul",
+                        lambda *a, **k: dataclasses.replace(lookup(*a, **k), persistent_tma=True))
+    return lookup
+
+
+@pytest.mark.parametrize("M", (1, 8, 13, 16, 17))
+def test_an_eager_small_m_call_takes_the_pointer_kernel_with_the_descriptor_bits(device, M, monkeypatch, kernel_spy):
+    """With the locked config, an eager call of at most EAGER_POINTER_ROWS rows launches the pointer
+    kernel even where the config says persistent_tma (its host time), and gives the descriptor
+    kernel's bits, as a linear layer reads its weight (b = w.t(), a tail in N); one row more takes
+    the descriptor kernel."""
+    import dataclasses
+
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.ops import matmul as mm
+
+    lookup = _desc_config(monkeypatch)
+    gen = torch.Generator().manual_seed(M)
+    N, K = (40, 72) if device == "cpu" else (4100, 4104)
+    a = torch.randn(M, K, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(N, K, generator=gen).to(device, torch.bfloat16)
+    bias = torch.randn(N, generator=gen).to(device, torch.bfloat16)
+    desc = dataclasses.replace(lookup("matmul", arch_of(a.device), a.dtype, rows=M, cols=N), persistent_tma=True)
+    want = mm.matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=a.dtype), cfg=desc, bias=bias)
+    launched = []
+    for name in ("_matmul_kernel", "_matmul_desc_kernel"):
+        kernel_spy(mm, name, lambda n, meta: launched.append(n))
+    got = mm.matmul_into(a, w.t(), torch.empty(M, N, device=device, dtype=a.dtype), bias=bias)
+    assert launched == ["_matmul_kernel" if M <= mm.EAGER_POINTER_ROWS else "_matmul_desc_kernel"]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_a_captured_small_m_call_keeps_the_descriptor_kernel(device, monkeypatch, kernel_spy):
+    """Captured into a CUDA graph, a small-M call pays no host time on replay: it keeps the locked
+    descriptor kernel, and its replay gives the eager (pointer) call's bits."""
+    from rlk_triton.ops import matmul as mm
+
+    _desc_config(monkeypatch)
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(8, 4096, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(4096, 4096, generator=gen).to(device, torch.bfloat16)
+    eager = mm.matmul(a, w.t())
+    launched = []
+    for name in ("_matmul_kernel", "_matmul_desc_kernel"):
+        kernel_spy(mm, name, lambda n, meta: launched.append(n))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mm.matmul(a, w.t())  # warm-up outside the capture (eager: the pointer kernel)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = mm.matmul(a, w.t())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert launched == ["_matmul_kernel", "_matmul_desc_kernel"]
+    assert torch.equal(static, eager)
+
+
 def test_broadcast_operands_take_the_pointer_loads(device):
     """A row-stride-0 operand (expand) is not a TMA descriptor's matrix: tma_ready refuses it, as a
     (transposed) a or b, and the matmul gives the bits of its materialized copy."""
