@@ -368,8 +368,7 @@ def _matmul_rows():
 # h200-decode-sweep2-2026-12-04.json for M = 8 and M = 256): the best worst-case ratio to cuBLAS over
 # the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row tiles (mma.sync: no 64-row wgmma
 # tile of zeros) through TMA, narrow along N for enough programs, deep along K. The M > 256 rows are
-# _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers. An eager call of M <= 16
-# takes these tiles on pointers too (matmul.EAGER_POINTER_ROWS: the host time of the descriptors).
+# _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers.
 _SMALL_M = {"sm90": {
     "m<=16,n<=4096": MatmulConfig(16, 32, 512, 1, 4, 3, persistent_tma=True),
     "m<=16,n>4096": MatmulConfig(16, 64, 256, 1, 4, 4, persistent_tma=True),

@@ -21,8 +21,6 @@ swizzle for L2 reuse) decides only when a tile runs, not what it computes.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from typing import Optional
 
@@ -283,25 +281,6 @@ def persistent_programs(device: torch.device, n_items: int) -> int:
     return max(1, min(n_items, _SM_COUNT[index]))
 
 
-# An eager call of at most this many rows takes the pointer kernel even where its locked config says
-# persistent_tma: the same tiles and bits (test_descriptor_kernel_gives_the_pointer_kernel_bits),
-# and about 22 us less host time a call, the two TensorDescriptor objects and the launcher's TMA
-# descriptor encoding per launch (H100: 24 against 46 us wall at M 1-16, N = K = 4096, for 8.5-16 us
-# of device time; docs/reports/h100-small-m-paths-2026-12-06.json). A call captured into a CUDA graph
-# pays no host time on replay, so it keeps the locked (device-time) choice.
-EAGER_POINTER_ROWS = 16
-
-
-@functools.lru_cache(maxsize=None)
-def _pointer_config(cfg: configs.MatmulConfig) -> configs.MatmulConfig:
-    return dataclasses.replace(cfg, persistent_tma=False)
-
-
-def _eager_pointers(cfg: configs.MatmulConfig, M: int, device: torch.device) -> bool:
-    return (cfg.persistent_tma and M <= EAGER_POINTER_ROWS
-            and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()))
-
-
 def tma_ready(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases,
     and rows that do not overlap (a broadcast operand, row stride 0, takes the pointer loads)."""
@@ -328,8 +307,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
     allow it (tma_ready, unit-stride out / c_in; an `a` or `b` that is a transposed row-major matrix,
     such as weight.t(), is read through a descriptor over that matrix), else the pointer kernel: the
-    same bits either way. With the locked config (cfg None), an eager call of at most
-    EAGER_POINTER_ROWS rows takes the pointer kernel (its host time; see there).
+    same bits either way.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -339,10 +317,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
         base = c_in.float() if c_in is not None else torch.zeros(out.shape, device=out.device)
         out.copy_(base + bias.float() if bias is not None else base)
         return out
-    if cfg is None:
-        cfg = configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
-        if _eager_pointers(cfg, M, a.device):
-            cfg = _pointer_config(cfg)
+    cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
     if fold_k and (fold_k % cfg.block_k or bias is not None):
         raise ValueError(f"fold_k {fold_k} needs a multiple of block_k {cfg.block_k} and no bias")
     fold_k = fold_k if fold_k < K else 0  # one range: the plain kernel
