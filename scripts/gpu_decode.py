@@ -42,9 +42,15 @@ graph_ms = partial(bench.graph_ms, reps=REPS)
 MM_SHAPES = [(N, K) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096))]
 MM_M = (1, 8, 64, 256)
 # Candidates per M (the second sweep: the buckets still under 0.8x cuBLAS after the first, at
-# docs/reports/h200-decode-sweep-2026-12-04.json): M = 8's weight read and M = 256 at N > 4096.
+# docs/reports/h200-decode-sweep-2026-12-04.json): M = 8's weight read and M = 256 at N > 4096. M = 1
+# and 8 also on pointers: the same bits, about 22-45 us less host time an eager call, device time
+# mixed on an H100 (docs/matmul.md, docs/reports/h100-small-m-paths-2026-12-06.json); each candidate's
+# eager wall time is recorded beside its device time.
+_SMALL_TILES = ((16, 32, 512, 1, 4, 3), (16, 64, 256, 1, 4, 4), (16, 32, 256, 1, 4, 4), (16, 64, 128, 1, 4, 5))
 SWEEP_MM = {
-    8: [configs.MatmulConfig(*t, persistent_tma=True) for t in (
+    1: [configs.MatmulConfig(*t, persistent_tma=p) for p in (True, False) for t in _SMALL_TILES],
+    8: [configs.MatmulConfig(*t, persistent_tma=p) for p in (True, False) for t in _SMALL_TILES] +
+       [configs.MatmulConfig(*t, persistent_tma=True) for t in (
         (16, 32, 256, 1, 4, 4), (16, 32, 256, 1, 4, 5), (16, 32, 128, 1, 4, 6), (16, 32, 128, 1, 4, 8),
         (16, 16, 256, 1, 4, 4), (16, 16, 256, 1, 4, 6), (16, 32, 512, 1, 4, 3), (16, 32, 256, 1, 2, 4),
         (16, 64, 128, 1, 4, 5), (16, 64, 256, 1, 4, 4))],
@@ -84,7 +90,8 @@ def matmul_rows(report, sweep):
                     got = matmul_into(a, w.t(), torch.empty(M, N, device="cuda", dtype=DT), cfg=c)
                     ms = graph_ms(lambda: matmul_into(a, w.t(), out, cfg=c))
                     report["sweep"].append({"op": "matmul", "M": M, "N": N, "K": K, "config": dataclasses.asdict(c),
-                                            "ms": ms, "ratio": cublas / ms, "bitwise": torch.equal(got, ref[:M])})
+                                            "ms": ms, "ratio": cublas / ms, "bitwise": torch.equal(got, ref[:M]),
+                                            "wall_ms": wall_ms(lambda: matmul_into(a, w.t(), out, cfg=c))})
                 except Exception as ex:  # noqa: BLE001 - reported
                     report["sweep"].append({"op": "matmul", "M": M, "N": N, "K": K, "config": dataclasses.asdict(c),
                                             "error": f"{type(ex).__name__}: {str(ex)[:300]}"})
