@@ -1,6 +1,7 @@
 """native/: the sources compile (nvcc for sm_90a, the torch binding's syntax with the CPU torch's
 headers), admission records count only with this process's fingerprint, the gate refuses one differing
 bit, and nothing runs without a CUDA torch. On the GPU: the rms_norm kernel goes through the gate."""
+import json
 import shutil
 import subprocess
 import sysconfig
@@ -591,3 +592,27 @@ def test_rmsnorm_gate_cases_cover_every_native_kernel():
         for flags in ((False, True, False), (False, False, False), (True, True, False), (True, False, False),
                       (False, True, True), (False, False, True)):
             assert (dt, "bwd flags", *flags) in seen, (dt, flags)
+
+
+def test_seeding_copies_only_a_committed_record_with_this_fingerprint(cache, tmp_path, monkeypatch):
+    """scripts/native_seed_records.py (the GPU session's tests step): a committed record whose fingerprint
+    is this process's goes into the record cache and admits the op; one with another fingerprint does
+    not; a record already in the cache is left alone."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import native_seed_records as seed
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    monkeypatch.setattr(seed, "DOCS", docs)
+    fp = native.fingerprint("rmsnorm", "cuda")
+    (docs / "rmsnorm-x-admission-2026-12-06.json").write_text(json.dumps(_record(fp)))
+    stale = dict(native.fingerprint("selected_logp", "cuda"), sources="0" * 16)
+    (docs / "selected_logp-x-admission-2026-12-06.json").write_text(json.dumps(dict(_record(stale), op="selected_logp")))
+    assert seed.main() == 0
+    assert native.read_record("rmsnorm")["fingerprint"] == fp and native.admission("rmsnorm", "cuda")[0]
+    assert native.read_record("selected_logp") is None
+    native._write_record("rmsnorm", dict(_record(fp), cases=99))
+    seed.main()
+    assert native.read_record("rmsnorm")["cases"] == 99
