@@ -31,7 +31,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
            echo "tests: exit $? $(grep -E ' passed| failed' $OUT/tests.log | tail -1)"; grep -E "^FAILED|^ERROR" $OUT/tests.log | cut -c1-300 | head -20
            pkill -f "pytest" 2>/dev/null; sleep 1 ;;  # a timed-out run leaves xdist workers: they would skew the timings
     native) timeout ${NATIVE_S:-300} python3 scripts/gpu_native.py --out $OUT/native.json --commit $C ${NATIVE_ARGS:-} > $OUT/native.log 2>&1
-            echo "native: exit $?"; tail -c 1500 $OUT/native.log ;;
+            echo "native: exit $?"; tail -c 1500 $OUT/native.log
+            python3 scripts/plot_native_report.py $OUT/native.json --out $OUT/native.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     kernels) timeout ${KERNELS_S:-90} python3 scripts/gpu_native_kernels.py --out $OUT/kernels.json --commit $C > $OUT/kernels.log 2>&1
              echo "kernels: exit $?"; grep "^{" $OUT/kernels.log | cut -c1-250 ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
