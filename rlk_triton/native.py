@@ -438,8 +438,10 @@ def record_path(op: str) -> Path:
     return records_dir() / f"{native_op(op).op}.json"
 
 
-def read_record(op: str) -> Optional[dict]:
-    path = record_path(op)
+def read_record(op: str, path: Optional[Path] = None) -> Optional[dict]:
+    """The admission record of `op` in the record cache (or at `path`, a committed copy), None where
+    there is none or it is not a readable record of this format."""
+    path = record_path(op) if path is None else path
     if not path.exists():
         return None
     try:

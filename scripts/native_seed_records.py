@@ -6,7 +6,6 @@ one taken on the same machine type and software is the same admission.
 
     RLK_NATIVE_CACHE=DIR python scripts/native_seed_records.py
 """
-import json
 from pathlib import Path
 
 from rlk_triton import native
@@ -21,8 +20,8 @@ def main() -> int:
             continue
         now = native.fingerprint(op, "cuda")
         for path in sorted(DOCS.glob(f"{op}-*admission-*.json"), reverse=True):  # newest date first
-            rec = json.loads(path.read_text())
-            if rec.get("format") == native.RECORD_FORMAT and rec.get("fingerprint") == now:
+            rec = native.read_record(op, path)
+            if rec is not None and rec.get("fingerprint") == now:
                 print(f"{op}: {path.name} matches this process: copied to {native._write_record(op, rec)}")
                 break
         else:

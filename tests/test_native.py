@@ -610,6 +610,7 @@ def test_seeding_copies_only_a_committed_record_with_this_fingerprint(cache, tmp
     (docs / "rmsnorm-x-admission-2026-12-06.json").write_text(json.dumps(_record(fp)))
     stale = dict(native.fingerprint("selected_logp", "cuda"), sources="0" * 16)
     (docs / "selected_logp-x-admission-2026-12-06.json").write_text(json.dumps(dict(_record(stale), op="selected_logp")))
+    (docs / "selected_logp-y-admission-2026-12-07.json").write_text("{not json")  # read first: skipped, no crash
     assert seed.main() == 0
     assert native.read_record("rmsnorm")["fingerprint"] == fp and native.admission("rmsnorm", "cuda")[0]
     assert native.read_record("selected_logp") is None
