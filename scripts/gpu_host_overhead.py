@@ -1,7 +1,8 @@
 """What an eager call costs beyond its kernels, with the eager path (rlk_triton.ops.dispatch), the
 eager path with every launch through Triton's JIT (rlk_triton.ops.launch.ENABLED = False, what the
-launch cache replaced) and every call forced through the torch.library custom op (the dispatcher
-path), same process.
+launch cache replaced), the eager path with host tensor descriptors encoded anew on every launch
+(launch.REMEMBER_DESCRIPTORS = False: Triton's own launcher; the TMA matmuls) and every call forced
+through the torch.library custom op (the dispatcher path), same process.
 
     python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
 
@@ -35,6 +36,7 @@ def _path(name: str) -> None:
     dispatch._traced = (lambda args: True) if name == "dispatcher" else _eager_traced
     dispatch.route = (lambda args: dispatch.OP) if name == "dispatcher" else _eager_route
     launch.ENABLED = name != "no launch cache"
+    launch.REMEMBER_DESCRIPTORS = name != "descriptors re-encoded"
 
 
 def _rmsnorm_chain(N: int, H: int, k: int):
@@ -87,6 +89,8 @@ def main() -> int:
         ("selected_logp", "fwd [1 x 151936] (issue target)", lambda: cases._selected_logp(1, 151936, "fwd", False, bf16, "cuda", True)),
     ]
     named.append(("rmsnorm", "fwd+bwd [16384 x 4096], 8 chained, per call", lambda: _rmsnorm_chain(16384, 4096, 8), 8))
+    named += [("matmul", f"M={M} N={N} K=4096 (a @ w.t())", lambda M=M, N=N: cases._matmul(M, N, 4096, True, bf16, "cuda", True))
+              for M, N in ((1, 4096), (16, 4096), (64, 14336), (2048, 4096))]
     todo = named + [(c.op, c.name, (lambda c=c: c.build("cuda", True))) for c in cases.select(None, "quick")]
     for op, label, build, *per_step in todo:
         k = per_step[0] if per_step else 1  # calls in one timed step: every time below is per call
@@ -100,11 +104,18 @@ def main() -> int:
             dev /= k
             walls = {}
             # eager twice: the first one warms up every path
-            for name in ("eager", "no launch cache", "dispatcher", "eager"):
+            for name in ("eager", "no launch cache", "descriptors re-encoded", "dispatcher", "eager"):
                 _path(name)
                 walls[name] = timing.wall_ms(bound.rlk, device="cuda") / k
+            _path("descriptors re-encoded")
+            want = _tensors(bound.rlk())
+            _path("eager")
+            got = _tensors(bound.rlk())
             row = {"op": op, "case": label, "device_ms": dev, "clock": clock, "wall_eager_ms": walls["eager"],
                    "wall_eager_no_launch_cache_ms": walls["no launch cache"],
+                   "wall_eager_descriptors_reencoded_ms": walls["descriptors re-encoded"],
+                   "descriptors_remembered_bitwise": len(got) == len(want) and all(
+                       torch.equal(a, b) for a, b in zip(want, got)),
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
                    "meets_target": walls["eager"] <= _target_ms(dev)}
             eager_baseline = next((b.fn for b in bound.baselines if b.kind == "eager"), None)
@@ -127,7 +138,7 @@ def main() -> int:
                 row["calls_per_step"] = k
             report["rows"].append(row)
             print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
-                  f"{walls['no launch cache']:8.4f}  dispatcher "
+                  f"{walls['no launch cache']:8.4f}  re-encoded {walls['descriptors re-encoded']:8.4f}  dispatcher "
                   f"{walls['dispatcher']:8.4f}  target {_target_ms(dev):8.4f}"
                   + (f"  torch eager {row['torch_eager_wall_ms']:.4f}" if "torch_eager_wall_ms" in row else "")
                   + (f"  backward on the caller {row['wall_eager_backward_on_caller_ms']:.4f}"

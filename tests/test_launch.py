@@ -119,6 +119,130 @@ def test_the_jit_launches_when_the_cache_must_not_answer(fake_cuda, monkeypatch)
     assert len(jit.jit_launches) == 8
 
 
+# Triton 3.6's descriptor wrapper, as backends/nvidia/driver.py writes it: what DescriptorLaunch replaces.
+_WRAPPER_SOURCE = """
+def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
+    def inner(*args):
+        final_args = list(args[:_BASE_ARGS_FORMAT_LEN])
+        tensordesc_idx = 0
+        for i, arg in enumerate(args[_BASE_ARGS_FORMAT_LEN:]):
+            if i in tensordesc_indices:
+                final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[tensordesc_idx]))
+                tensordesc_idx += 1
+            else:
+                final_args.append(arg)
+        return launcher(*final_args)
+    return inner
+"""
+
+
+class _DescKernel(_Kernel):
+    """A compiled kernel whose launcher has Triton 3.6's shape, with descriptors at `positions`."""
+
+    def __init__(self, positions, metas=("m0", "m1"), scratch=0, freevars_ok=True):
+        super().__init__()
+        self.c_launches, self.encodings = [], []
+
+        def make_tensordesc_arg(arg, metadata):
+            self.encodings.append((arg.base.data_ptr(), metadata))
+            return [("map", arg.base.data_ptr(), metadata, tuple(arg.shape), tuple(arg.strides)),
+                    *arg.shape, *arg.strides]
+
+        space = {"_BASE_ARGS_FORMAT_LEN": 13, "make_tensordesc_arg": make_tensordesc_arg}
+        exec(_WRAPPER_SOURCE if freevars_ok else _WRAPPER_SOURCE.replace("tensordesc_meta", "metas"), space)
+        outer = self
+
+        class Run:
+            global_scratch_size = profile_scratch_size = scratch
+            launch_cooperative_grid, launch_pdl = False, True
+
+            def __init__(self):  # an instance attribute, as CudaLauncher's
+                self.launch = space["wrap_handle_tensordesc"](lambda *a: outer.c_launches.append(a),
+                                                              set(positions), list(metas))
+
+            def __call__(self, gx, gy, gz, stream, function, *args):  # as CudaLauncher.__call__
+                self.launch(gx, gy, gz, stream, function, False, True, None, None, *args)
+
+        self.run = Run()
+
+
+def _descs():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a, b = torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    return [TensorDescriptor(t, [64, 64], [64, 1], [16, 32]) for t in (a, b)]
+
+
+def test_descriptor_launch_passes_the_c_launcher_what_tritons_wrapper_does():
+    d0, d1 = _descs()
+    k = _DescKernel(positions=(0, 3))
+    by_maps = launch.DescriptorLaunch.of(k)
+    assert by_maps is not None
+    args = (d0, 7, None, d1, 2.5, 128)
+    k.run(3, 1, 1, 99, "function", "packed", None, None, None, *args)  # the wrapper's launch
+    by_maps(3, 1, 1, 99, "function", "packed", args)
+    want, got = k.c_launches
+    assert got == want and got[13] == ("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1))
+    assert len(k.encodings) == 4  # each encodes both
+    by_maps(3, 1, 1, 99, "function", "packed", args)
+    assert len(k.encodings) == 4 and k.c_launches[-1] == want  # both remembered
+    d2 = type(d0)(torch.zeros(64, 64, dtype=torch.bfloat16), [64, 64], [64, 1], [16, 32])
+    d3 = type(d0)(d0.base, [64, 48], [64, 1], [16, 32])
+    for new in (d2, d3):  # another base address, another shape: encoded again
+        by_maps(1, 1, 1, 99, "function", "packed", (new,) + args[1:])
+        k.run(1, 1, 1, 99, "function", "packed", None, None, None, new, *args[1:])
+        assert k.c_launches[-1] == k.c_launches[-2] and k.c_launches[-1][13][3] == tuple(new.shape)
+    assert len(k.encodings) == 4 + 2 * (1 + 2)  # one new map each, d1's remembered; the wrapper's two
+
+
+def test_descriptor_launch_remembers_a_bounded_number_of_maps(monkeypatch):
+    monkeypatch.setattr(launch, "MAPS_PER_DESCRIPTOR", 4)
+    d0, _ = _descs()
+    k = _DescKernel(positions=(0,), metas=("m0",))
+    by_maps = launch.DescriptorLaunch.of(k)
+    keep = [type(d0)(torch.zeros(64, 64, dtype=torch.bfloat16), [64, 64], [64, 1], [16, 32]) for _ in range(9)]
+    for d in keep:
+        by_maps(1, 1, 1, 0, "f", "p", (d,))
+    assert all(len(r) <= 4 for _, _, r in by_maps.descriptors) and len(k.encodings) == 9
+
+
+def test_other_launchers_keep_the_jits_launch():
+    assert launch.DescriptorLaunch.of(_DescKernel(positions=(0, 3), freevars_ok=False)) is None
+    assert launch.DescriptorLaunch.of(_DescKernel(positions=(0, 3), metas=(None, None))) is None
+    assert launch.DescriptorLaunch.of(_DescKernel(positions=(0, 3), scratch=128)) is None
+    assert launch.DescriptorLaunch.of(_DescKernel(positions=(0,))) is None  # metadata for 2, 1 descriptor
+    plain = _Kernel()
+    plain.run = type("Run", (), {"launch": staticmethod(print)})()  # a builtin: no descriptors to take over
+    assert launch.DescriptorLaunch.of(plain) is None
+
+
+def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_cuda, monkeypatch):
+    d0, d1 = _descs()
+    kernel = _DescKernel(positions=(0, 1))
+
+    class Jit(_Jit):
+        params = [_Param("a", None), _Param("b", None), _Param("n", None), _Param("BLOCK", None)]
+
+        def __getitem__(self, grid):
+            def go(*args, **meta):
+                self.jit_launches.append((grid, args, meta))
+                return kernel
+            return go
+
+    jit = Jit()
+    k = launch.CachedLaunch(jit)
+    k[(2,)](d0, d1, 64, BLOCK=32)
+    k[(2,)](d0, d1, 64, BLOCK=32)
+    assert len(jit.jit_launches) == 1 and kernel.launches == [] and len(kernel.c_launches) == 1
+    assert kernel.c_launches[0][:13] == (2, 1, 1, 1234, "function", False, True, None, None, "packed", None, None,
+                                         None)
+    assert kernel.c_launches[0][13:] == (("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1)), 64, 64, 64, 1,
+                                         ("map", d1.base.data_ptr(), "m1", (64, 64), (64, 1)), 64, 64, 64, 1, 64, 32)
+    monkeypatch.setattr(launch, "REMEMBER_DESCRIPTORS", False)
+    k[(2,)](d0, d1, 64, BLOCK=32)  # off: the wrapper's launch, through run
+    assert len(kernel.c_launches) == 2 and kernel.c_launches[1] == kernel.c_launches[0]
+
+
 def test_under_the_interpreter_kernels_are_not_wrapped():
     from rlk_triton._runtime import interpreter_active
     from rlk_triton.ops import rmsnorm
@@ -175,6 +299,43 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
         for a, b in zip(want, got):
             assert torch.equal(a, b), name
     assert len(set(checked)) >= 10, sorted(set(checked))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="descriptor kernels run on a GPU only")
+def test_remembered_descriptor_maps_give_the_bits_of_fresh_ones(monkeypatch):
+    """The TMA matmuls (a @ w.t() at decode and prefill rows, the descriptor kernel on sm90) with each
+    descriptor encoded anew (Triton's launcher) and from the remembered maps: equal bits, eager and
+    replayed from a CUDA graph, with the input buffer refilled between calls (a remembered map
+    addresses memory, not values). On Triton 3.6 the maps are in use: a DescriptorLaunch exists."""
+    import triton
+
+    from rlk_triton.ops import matmul as mm
+
+    if not launch.ENABLED:
+        pytest.skip("RLK_LAUNCH_CACHE=0")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(4096, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    for M in (1, 16, 64, 2048):
+        a = torch.empty(M, 4096, device="cuda", dtype=torch.bfloat16)
+        outs = {}
+        for remember in (False, True, True):
+            monkeypatch.setattr(launch, "REMEMBER_DESCRIPTORS", remember)
+            got = []
+            for seed in (1, 2):
+                a.copy_(torch.randn(M, 4096, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+                got.append(mm.matmul(a, w.t()).clone())
+            outs.setdefault(remember, []).append(got)
+        for got in outs[True]:
+            assert all(torch.equal(x, y) for x, y in zip(outs[False][0], got)), M
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = mm.matmul(a, w.t())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, outs[False][0][1]), M  # a holds seed 2's values
+    maps = [e[5] for e in mm._matmul_desc_kernel._entries.values()]
+    if triton.__version__.startswith("3.6"):
+        assert maps and all(m is not None for m in maps)
 
 
 def _probe_kernel(x_ptr, y_ptr, desc, n, m, f, flag, opt, BLOCK: "tl.constexpr"):  # never compiled

@@ -22,6 +22,15 @@ The signature is a superset of what the JIT specializes on:
 So a remembered kernel is the binary the JIT would pick: the same bits, by construction
 (tests/test_launch.py checks it on the GPU).
 
+Host tensor descriptors (the TMA matmuls): Triton 3.6's launcher wraps its C launcher in a Python
+function that, on every launch, walks every argument and encodes each descriptor's CUtensorMap anew
+(`make_tensordesc_arg`). A remembered kernel whose launcher has that shape is launched through the C
+launcher directly, with the encoded arguments of each descriptor remembered per (base address,
+shape, strides): the encoding is a pure function of those and of what the signature fixes (dtype,
+block shape, padding) and the kernel's descriptor metadata, and the C launcher copies the map into
+the launch's parameters, so a remembered map gives the bytes a fresh one would. Any other launcher
+shape (another Triton) keeps the JIT's launcher: the same bits, only slower.
+
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
 - for arguments of other types, keyword values other than int, float, bool,
@@ -74,7 +83,7 @@ def signature(args) -> tuple | None:
             sig.append(a)
         elif t is TensorDescriptor:  # the launcher fills the TMA descriptor from it on every launch
             sig.append((a.base.dtype, a.base.data_ptr() & 15 == 0, tuple(a.block_shape), a.padding,
-                        tuple(v & 15 == 0 for v in a.shape), tuple(v & 15 == 0 for v in a.strides)))
+                        tuple([v & 15 == 0 for v in a.shape]), tuple([v & 15 == 0 for v in a.strides])))
         else:
             return None
     return tuple(sig)
@@ -104,6 +113,65 @@ def stream_handle(device: int) -> int:
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+# Triton 3.6's descriptor wrapper (backends/nvidia/driver.py, wrap_handle_tensordesc): the names its
+# per-launch function closes over, and the C launcher's leading arguments (format "iiiKKppOOOOOO":
+# grid x, y, z, stream, function, cooperative, pdl, two scratch buffers, metadata, launch metadata,
+# enter and exit hooks), after which the kernel's arguments come.
+_DESC_WRAPPER_FREEVARS = frozenset({"launcher", "tensordesc_indices", "tensordesc_meta"})
+_C_LAUNCH_BASE_ARGS = 13
+MAPS_PER_DESCRIPTOR = 64  # base addresses remembered per descriptor argument (weights, and reused buffers)
+REMEMBER_DESCRIPTORS = os.environ.get("RLK_LAUNCH_DESCRIPTORS", "1") != "0"  # off: the JIT's launcher
+
+
+class DescriptorLaunch:
+    """Launches a compiled kernel with host descriptor arguments through Triton 3.6's C launcher,
+    remembering each descriptor's encoded arguments (CUtensorMap, shape, strides) per base address,
+    shape and strides. `of(kernel)` is None for any other launcher."""
+
+    def __init__(self, c_launch, descriptors, make_arg, cooperative, pdl):
+        self.c_launch, self.make_arg = c_launch, make_arg
+        self.descriptors = [(i, meta, {}) for i, meta in descriptors]  # (position, metadata, remembered)
+        self.cooperative, self.pdl = cooperative, pdl
+
+    @classmethod
+    def of(cls, kernel):
+        run = kernel.run
+        wrapper = getattr(run, "launch", None)
+        code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+        if code is None or not closure or frozenset(code.co_freevars) != _DESC_WRAPPER_FREEVARS:
+            return None
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+        make_arg = wrapper.__globals__.get("make_tensordesc_arg")
+        metas = cells["tensordesc_meta"]
+        if (make_arg is None or make_arg.__code__.co_argcount != 2
+                or wrapper.__globals__.get("_BASE_ARGS_FORMAT_LEN") != _C_LAUNCH_BASE_ARGS
+                or not metas or any(m is None for m in metas)  # no metadata: the map is built elsewhere
+                or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
+            return None
+        positions = sorted(cells["tensordesc_indices"])
+        if len(positions) != len(metas):
+            return None
+        return cls(cells["launcher"], list(zip(positions, metas)), make_arg,
+                   run.launch_cooperative_grid, run.launch_pdl)
+
+    def __call__(self, gx, gy, gz, stream, function, packed, args):
+        flat, start = [], 0
+        for i, meta, remembered in self.descriptors:
+            d = args[i]
+            key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides))
+            encoded = remembered.get(key)
+            if encoded is None:
+                if len(remembered) >= MAPS_PER_DESCRIPTOR:
+                    remembered.clear()
+                encoded = remembered[key] = tuple(self.make_arg(d, meta))
+            flat += args[start:i]
+            flat += encoded
+            start = i + 1
+        flat += args[start:]
+        self.c_launch(gx, gy, gz, stream, function, self.cooperative, self.pdl, None, None, packed, None, None, None,
+                      *flat)
 
 
 class CachedLaunch:
@@ -137,12 +205,17 @@ class CachedLaunch:
             # The constexprs and defaults the JIT binds after the positional arguments: fixed by the key.
             tail = tuple(meta[n] if n in meta else d for n, d in self._params[len(args):])
             if all(v == v for v in meta.values()):
-                self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail)
+                with_descriptors = TensorDescriptor is not None and any(type(a) is TensorDescriptor for a in args)
+                self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail,
+                                      DescriptorLaunch.of(kernel) if with_descriptors else None)
             return kernel
-        kernel, run, function, packed, tail = entry
+        kernel, run, function, packed, tail, by_maps = entry
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream_handle(device), function, packed,
-            None, None, None, *args, *tail)
+        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        if by_maps is not None and REMEMBER_DESCRIPTORS:
+            by_maps(gx, gy, gz, stream_handle(device), function, packed, args + tail)
+        else:
+            run(gx, gy, gz, stream_handle(device), function, packed, None, None, None, *args, *tail)
         return kernel
 
 
