@@ -1,7 +1,8 @@
 """What an eager call costs beyond its kernels, with the eager path (rlk_triton.ops.dispatch), the
 eager path with every launch through Triton's JIT (rlk_triton.ops.launch.ENABLED = False, what the
 launch cache replaced), the eager path with host tensor descriptors encoded anew on every launch
-(launch.REMEMBER_DESCRIPTORS = False: Triton's own launcher; the TMA matmuls) and every call forced
+(launch.REMEMBER_DESCRIPTORS = False: Triton's own launcher; the TMA matmuls), the eager path with
+tensors passed to the launcher as tensors (launch.POINTERS_AS_INTS = False) and every call forced
 through the torch.library custom op (the dispatcher path), same process.
 
     python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
@@ -37,6 +38,7 @@ def _path(name: str) -> None:
     dispatch.route = (lambda args: dispatch.OP) if name == "dispatcher" else _eager_route
     launch.ENABLED = name != "no launch cache"
     launch.REMEMBER_DESCRIPTORS = name != "descriptors re-encoded"
+    launch.POINTERS_AS_INTS = name != "tensors to the launcher"
 
 
 def _rmsnorm_chain(N: int, H: int, k: int):
@@ -104,17 +106,19 @@ def main() -> int:
             dev /= k
             walls = {}
             # eager twice: the first one warms up every path
-            for name in ("eager", "no launch cache", "descriptors re-encoded", "dispatcher", "eager"):
+            for name in ("eager", "no launch cache", "descriptors re-encoded", "tensors to the launcher",
+                         "dispatcher", "eager"):
                 _path(name)
                 walls[name] = timing.wall_ms(bound.rlk, device="cuda") / k
-            _path("descriptors re-encoded")
+            _path("no launch cache")  # Triton's own launch of every kernel
             want = _tensors(bound.rlk())
             _path("eager")
             got = _tensors(bound.rlk())
             row = {"op": op, "case": label, "device_ms": dev, "clock": clock, "wall_eager_ms": walls["eager"],
                    "wall_eager_no_launch_cache_ms": walls["no launch cache"],
                    "wall_eager_descriptors_reencoded_ms": walls["descriptors re-encoded"],
-                   "descriptors_remembered_bitwise": len(got) == len(want) and all(
+                   "wall_eager_tensors_to_the_launcher_ms": walls["tensors to the launcher"],
+                   "launch_cache_bitwise": len(got) == len(want) and all(
                        torch.equal(a, b) for a, b in zip(want, got)),
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
                    "meets_target": walls["eager"] <= _target_ms(dev)}
@@ -138,7 +142,8 @@ def main() -> int:
                 row["calls_per_step"] = k
             report["rows"].append(row)
             print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
-                  f"{walls['no launch cache']:8.4f}  re-encoded {walls['descriptors re-encoded']:8.4f}  dispatcher "
+                  f"{walls['no launch cache']:8.4f}  re-encoded {walls['descriptors re-encoded']:8.4f}  tensors "
+                  f"{walls['tensors to the launcher']:8.4f}  dispatcher "
                   f"{walls['dispatcher']:8.4f}  target {_target_ms(dev):8.4f}"
                   + (f"  torch eager {row['torch_eager_wall_ms']:.4f}" if "torch_eager_wall_ms" in row else "")
                   + (f"  backward on the caller {row['wall_eager_backward_on_caller_ms']:.4f}"

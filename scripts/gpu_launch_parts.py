@@ -66,6 +66,11 @@ def main() -> int:
                 ck.packed_metadata, None, None, None, *pointers, *tail)
 
     with_tensors, with_ints = c_args(ts), c_args(ptrs)
+
+    def tensors_hit():
+        launch.POINTERS_AS_INTS = False
+        cached[grid](*ts, 4096, 17, 0.5, B=128)
+        launch.POINTERS_AS_INTS = True
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     w = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -73,7 +78,8 @@ def main() -> int:
     desc = TensorDescriptor.from_tensor(w, [32, 512])
     rows = {
         "jit launch (kernel[grid](...))": lambda: _six_pointers[grid](*ts, 4096, 17, 0.5, B=128),
-        "launch cache hit": lambda: cached[grid](*ts, 4096, 17, 0.5, B=128),
+        "launch cache hit (addresses as ints)": lambda: cached[grid](*ts, 4096, 17, 0.5, B=128),
+        "launch cache hit, tensors to the launcher": lambda: tensors_hit(),
         "compiled kernel's run, tensors": lambda: run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None,
                                                       None, *ts, *tail),
         "compiled kernel's run, addresses as ints": lambda: run(1, 1, 1, stream, ck.function, ck.packed_metadata,

@@ -94,6 +94,29 @@ def test_a_seen_signature_launches_the_remembered_kernel_with_the_jits_binding(f
     assert len(jit.jit_launches) == 5 and len(first.launches) == 1
 
 
+class _CudaLike(torch.Tensor):
+    """A CPU tensor that says it is a CUDA tensor: what the cache passes for one."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_a_cuda_tensor_is_passed_as_its_address_and_a_host_tensor_never_hits_its_entry(fake_cuda, monkeypatch):
+    jit = _Jit()
+    k = launch.CachedLaunch(jit)
+    x = torch.zeros(64).as_subclass(_CudaLike)
+    first = k[(1,)](x, 32, BLOCK=128)
+    k[(1,)](x, 32, BLOCK=128)
+    assert first.launches[-1][9] == x.data_ptr() and type(first.launches[-1][9]) is int
+    monkeypatch.setattr(launch, "POINTERS_AS_INTS", False)
+    k[(1,)](x, 32, BLOCK=128)
+    assert first.launches[-1][9] is x
+    host = torch.zeros(64)  # same dtype and alignment, not CUDA: another signature, the JIT's launch
+    assert launch.signature((host, 32)) != launch.signature((x, 32))
+    assert k[(1,)](host, 32, BLOCK=128) is not first and len(jit.jit_launches) == 2
+
+
 def test_the_jit_launches_when_the_cache_must_not_answer(fake_cuda, monkeypatch):
     jit = _Jit()
     k = launch.CachedLaunch(jit)

@@ -17,7 +17,10 @@ The signature is a superset of what the JIT specializes on:
 - each host tensor descriptor's base dtype and alignment, block shape, padding, and the divisibility
   by 16 of its shape and strides (the launcher fills the TMA descriptor from it on every launch);
 - the keyword arguments (constexprs, num_warps, num_stages) with their values;
-- the current device.
+- the current device;
+- whether each tensor is a CUDA tensor: a remembered launch passes a CUDA tensor's address as an int
+  (`bind`), which Triton's launcher takes as it is, instead of calling data_ptr() and asking the driver
+  for the same address again.
 
 So a remembered kernel is the binary the JIT would pick: the same bits, by construction
 (tests/test_launch.py checks it on the GPU).
@@ -61,6 +64,7 @@ except ImportError:  # pragma: no cover - a triton without host descriptors: suc
     TensorDescriptor = None
 
 ENABLED = os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"
+POINTERS_AS_INTS = os.environ.get("RLK_LAUNCH_POINTERS_AS_INTS", "1") != "0"  # off: tensors to the launcher (bind)
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = 1 << 63
@@ -70,7 +74,17 @@ _META_TYPES = (int, float, bool, str, type(None))
 def signature(args) -> tuple | None:
     """The facts of positional kernel arguments that the JIT's specialization can depend on, or None
     for an argument type this module does not know (then the JIT launches)."""
-    sig = []
+    bound = bind(args)
+    return None if bound is None else bound[0]
+
+
+def bind(args) -> tuple | None:
+    """(signature, the arguments as the cached launch passes them), or None for an argument type this
+    module does not know. A CUDA tensor is passed as its address: Triton's launcher takes an int as the
+    device address as it is, where for a tensor it calls data_ptr() and asks the driver for the address
+    (cuPointerGetAttribute), the same number for device memory, on every launch. Whether a tensor is a
+    CUDA tensor is a signature fact, so a host tensor goes to the JIT, whose launcher refuses it."""
+    sig, passed = [], []
     for a in args:
         t = type(a)
         if t is int:
@@ -78,7 +92,12 @@ def signature(args) -> tuple | None:
         elif t is float:
             sig.append(float)
         elif isinstance(a, torch.Tensor):
-            sig.append((a.dtype, a.data_ptr() & 15 == 0))
+            ptr = a.data_ptr()
+            cuda = a.is_cuda
+            sig.append((a.dtype, ptr & 15 == 0, cuda))
+            if cuda and POINTERS_AS_INTS:
+                passed.append(ptr)
+                continue
         elif a is None or t is bool:
             sig.append(a)
         elif t is TensorDescriptor:  # the launcher fills the TMA descriptor from it on every launch
@@ -86,7 +105,8 @@ def signature(args) -> tuple | None:
                         tuple([v & 15 == 0 for v in a.shape]), tuple([v & 15 == 0 for v in a.strides])))
         else:
             return None
-    return tuple(sig)
+        passed.append(a)
+    return tuple(sig), tuple(passed)
 
 
 _RUNTIME = getattr(_knobs, "runtime", None)
@@ -192,9 +212,10 @@ class CachedLaunch:
     def launch(self, grid, args, meta):
         if not ENABLED or callable(grid) or _hooked():
             return self.jit[grid](*args, **meta)
-        sig = signature(args)
-        if sig is None or any(type(v) not in _META_TYPES for v in meta.values()):
+        bound = bind(args)
+        if bound is None or any(type(v) not in _META_TYPES for v in meta.values()):
             return self.jit[grid](*args, **meta)
+        sig, passed = bound
         device = torch.cuda.current_device()
         key = (device, sig, tuple(meta.items()))
         entry = self._entries.get(key)
@@ -213,9 +234,9 @@ class CachedLaunch:
         n = len(grid)
         gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         if by_maps is not None and REMEMBER_DESCRIPTORS:
-            by_maps(gx, gy, gz, stream_handle(device), function, packed, args + tail)
+            by_maps(gx, gy, gz, stream_handle(device), function, packed, passed + tail)
         else:
-            run(gx, gy, gz, stream_handle(device), function, packed, None, None, None, *args, *tail)
+            run(gx, gy, gz, stream_handle(device), function, packed, None, None, None, *passed, *tail)
         return kernel
 
 
