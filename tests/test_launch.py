@@ -38,6 +38,26 @@ def test_signature_of_host_tensor_descriptors():
     assert sig((desc(a),)) != sig((desc(a, shape=(64, 63)),))  # a dim not divisible by 16
 
 
+def test_a_descriptor_not_built_has_the_facts_of_the_one_it_builds():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m = torch.zeros(64, 80, dtype=torch.bfloat16)
+    for t in (m, m[:, :48], m[:, :40], m[8:, 16:], m[:32].t().contiguous(), torch.zeros(64, 64)):
+        for block in ((16, 32), (32, 16)):
+            lazy = launch.Descriptor(t, block)
+            assert launch.signature((lazy,)) == launch.signature((TensorDescriptor.from_tensor(t, list(block)),))
+            built = lazy.build()
+            assert type(built) is TensorDescriptor and built.base is t and list(built.block_shape) == list(block)
+
+
+def test_host_descriptor_is_lazy_for_cached_kernels_only():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert type(launch.host_descriptor(launch.CachedLaunch(_Jit()), t, [16, 32])) is launch.Descriptor
+    assert type(launch.host_descriptor(object(), t, [16, 32])) is TensorDescriptor  # an interpreted kernel
+
+
 class _Param:
     def __init__(self, name, default):
         self.name, self.default = name, default
@@ -218,6 +238,18 @@ def test_descriptor_launch_passes_the_c_launcher_what_tritons_wrapper_does():
     assert len(k.encodings) == 4 + 2 * (1 + 2)  # one new map each, d1's remembered; the wrapper's two
 
 
+def test_descriptor_launch_encodes_a_lazy_descriptor_as_the_built_one():
+    d0, d1 = _descs()
+    k = _DescKernel(positions=(0, 3))
+    by_maps = launch.DescriptorLaunch.of(k)
+    lazy = launch.Descriptor(d0.base, (16, 32))
+    by_maps(3, 1, 1, 99, "function", "packed", (lazy, 7, None, d1, 2.5, 128))
+    k.run(3, 1, 1, 99, "function", "packed", None, None, None, d0, 7, None, d1, 2.5, 128)
+    assert k.c_launches[0] == k.c_launches[1]
+    by_maps(3, 1, 1, 99, "function", "packed", (d0, 7, None, d1, 2.5, 128))  # the same map: remembered
+    assert k.c_launches[2] == k.c_launches[0] and len(k.encodings) == 4
+
+
 def test_descriptor_launch_remembers_a_bounded_number_of_maps(monkeypatch):
     monkeypatch.setattr(launch, "MAPS_PER_DESCRIPTOR", 4)
     d0, _ = _descs()
@@ -254,7 +286,8 @@ def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_
 
     jit = Jit()
     k = launch.CachedLaunch(jit)
-    k[(2,)](d0, d1, 64, BLOCK=32)
+    k[(2,)](launch.Descriptor(d0.base, (16, 32)), d1, 64, BLOCK=32)  # the JIT gets the built descriptor
+    assert [type(a) for a in jit.jit_launches[0][1][:2]] == [type(d0)] * 2
     k[(2,)](d0, d1, 64, BLOCK=32)
     assert len(jit.jit_launches) == 1 and kernel.launches == [] and len(kernel.c_launches) == 1
     assert kernel.c_launches[0][:13] == (2, 1, 1, 1234, "function", False, True, None, None, "packed", None, None,
@@ -262,7 +295,7 @@ def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_
     assert kernel.c_launches[0][13:] == (("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1)), 64, 64, 64, 1,
                                          ("map", d1.base.data_ptr(), "m1", (64, 64), (64, 1)), 64, 64, 64, 1, 64, 32)
     monkeypatch.setattr(launch, "REMEMBER_DESCRIPTORS", False)
-    k[(2,)](d0, d1, 64, BLOCK=32)  # off: the wrapper's launch, through run
+    k[(2,)](launch.Descriptor(d0.base, (16, 32)), d1, 64, BLOCK=32)  # off: built, the wrapper's launch
     assert len(kernel.c_launches) == 2 and kernel.c_launches[1] == kernel.c_launches[0]
 
 
@@ -356,7 +389,7 @@ def test_remembered_descriptor_maps_give_the_bits_of_fresh_ones(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, outs[False][0][1]), M  # a holds seed 2's values
-    maps = [e[5] for e in mm._matmul_desc_kernel._entries.values()]
+    maps = [e[6] for e in mm._matmul_desc_kernel._entries.values()]
     if triton.__version__.startswith("3.6"):
         assert maps and all(m is not None for m in maps)
 

@@ -32,7 +32,9 @@ launcher directly, with the encoded arguments of each descriptor remembered per 
 shape, strides): the encoding is a pure function of those and of what the signature fixes (dtype,
 block shape, padding) and the kernel's descriptor metadata, and the C launcher copies the map into
 the launch's parameters, so a remembered map gives the bytes a fresh one would. Any other launcher
-shape (another Triton) keeps the JIT's launcher: the same bits, only slower.
+shape (another Triton) keeps the JIT's launcher: the same bits, only slower. Callers pass
+`host_descriptor(kernel, tensor, block_shape)`: for a cached kernel a `Descriptor` that is built into
+Triton's TensorDescriptor only when the JIT, Triton's launcher or a new map needs the object.
 
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
@@ -45,6 +47,7 @@ Every call goes through the JIT:
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -103,10 +106,39 @@ def bind(args) -> tuple | None:
         elif t is TensorDescriptor:  # the launcher fills the TMA descriptor from it on every launch
             sig.append((a.base.dtype, a.base.data_ptr() & 15 == 0, tuple(a.block_shape), a.padding,
                         tuple([v & 15 == 0 for v in a.shape]), tuple([v & 15 == 0 for v in a.strides])))
+        elif t is Descriptor:  # the facts of the TensorDescriptor it builds
+            x = a.tensor
+            sig.append((x.dtype, x.data_ptr() & 15 == 0, a.block_shape, "zero",
+                        tuple([v & 15 == 0 for v in x.shape]), tuple([v & 15 == 0 for v in x.stride()])))
         else:
             return None
         passed.append(a)
     return tuple(sig), tuple(passed)
+
+
+class Descriptor(NamedTuple):
+    """A host TMA descriptor over all of a tensor, in blocks of block_shape (a tuple), not built yet:
+    `build()` is TensorDescriptor.from_tensor(tensor, block_shape). A remembered launch encodes the
+    map straight from the tensor and builds the object only for a new (address, shape, strides),
+    where Triton's JIT or its launcher get the object itself. Made by `host_descriptor`."""
+    tensor: torch.Tensor
+    block_shape: tuple
+
+    def build(self):
+        return TensorDescriptor.from_tensor(self.tensor, list(self.block_shape))
+
+
+def host_descriptor(kernel, tensor: torch.Tensor, block_shape) -> object:
+    """The host descriptor argument of `kernel` over all of `tensor`: a Descriptor for a kernel this
+    module launches (built when needed), a TensorDescriptor for any other (the interpreter's)."""
+    if type(kernel) is CachedLaunch:
+        return Descriptor(tensor, tuple(block_shape))
+    return TensorDescriptor.from_tensor(tensor, list(block_shape))
+
+
+def _built(args) -> tuple:
+    """args with every Descriptor built: what Triton's JIT and launcher take."""
+    return tuple([a.build() if type(a) is Descriptor else a for a in args])
 
 
 _RUNTIME = getattr(_knobs, "runtime", None)
@@ -180,12 +212,16 @@ class DescriptorLaunch:
         flat, start = [], 0
         for i, meta, remembered in self.descriptors:
             d = args[i]
-            key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides))
+            if type(d) is Descriptor:
+                x = d.tensor
+                key = (x.data_ptr(), tuple(x.shape), x.stride())
+            else:
+                key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides))
             encoded = remembered.get(key)
             if encoded is None:
                 if len(remembered) >= MAPS_PER_DESCRIPTOR:
                     remembered.clear()
-                encoded = remembered[key] = tuple(self.make_arg(d, meta))
+                encoded = remembered[key] = tuple(self.make_arg(d.build() if type(d) is Descriptor else d, meta))
             flat += args[start:i]
             flat += encoded
             start = i + 1
@@ -211,15 +247,16 @@ class CachedLaunch:
 
     def launch(self, grid, args, meta):
         if not ENABLED or callable(grid) or _hooked():
-            return self.jit[grid](*args, **meta)
+            return self.jit[grid](*_built(args), **meta)
         bound = bind(args)
         if bound is None or any(type(v) not in _META_TYPES for v in meta.values()):
-            return self.jit[grid](*args, **meta)
+            return self.jit[grid](*_built(args), **meta)
         sig, passed = bound
         device = torch.cuda.current_device()
         key = (device, sig, tuple(meta.items()))
         entry = self._entries.get(key)
         if entry is None:
+            args = _built(args)
             kernel = self.jit[grid](*args, **meta)
             if hasattr(kernel, "result"):  # an asynchronous compile's future
                 kernel = kernel.result()
@@ -228,14 +265,16 @@ class CachedLaunch:
             if all(v == v for v in meta.values()):
                 with_descriptors = TensorDescriptor is not None and any(type(a) is TensorDescriptor for a in args)
                 self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail,
-                                      DescriptorLaunch.of(kernel) if with_descriptors else None)
+                                      with_descriptors, DescriptorLaunch.of(kernel) if with_descriptors else None)
             return kernel
-        kernel, run, function, packed, tail, by_maps = entry
+        kernel, run, function, packed, tail, with_descriptors, by_maps = entry
         n = len(grid)
         gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         if by_maps is not None and REMEMBER_DESCRIPTORS:
             by_maps(gx, gy, gz, stream_handle(device), function, packed, passed + tail)
         else:
+            if with_descriptors:
+                passed = _built(passed)
             run(gx, gy, gz, stream_handle(device), function, packed, None, None, None, *passed, *tail)
         return kernel
 

@@ -37,7 +37,7 @@ from .matmul import (column_quarters, dot_tile, dot_tile_desc, grouped_tile, mat
                      persistent_programs, tma_ready)
 from .reduction import merge_softmax_states, online_softmax_rows
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv
+from .launch import cached, cdiv, host_descriptor
 
 N_STATS = 5  # max, sum, entropy term, target z, hit count
 
@@ -341,10 +341,8 @@ def _operands(cfg: configs.MatmulConfig, hidden: torch.Tensor, weight: torch.Ten
     same bits, one program per work item. Built once per call: every vocab chunk reuses them."""
     if not (cfg.persistent_tma and hidden.shape[1] > 0 and tma_ready(hidden, weight)):  # H = 0: no K extent
         return hidden, weight, False
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    x_desc = TensorDescriptor.from_tensor(hidden, [cfg.block_m, cfg.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    x_desc = host_descriptor(_tile_stats_kernel, hidden, (cfg.block_m, cfg.block_k))
+    w_desc = host_descriptor(_tile_stats_kernel, weight, (cfg.block_n, cfg.block_k))
     return x_desc, w_desc, True
 
 

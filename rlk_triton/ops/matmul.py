@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv
+from .launch import cached, cdiv, host_descriptor
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -281,12 +281,19 @@ def persistent_programs(device: torch.device, n_items: int) -> int:
     return max(1, min(n_items, _SM_COUNT[index]))
 
 
+_TMA_DTYPES = (torch.bfloat16, torch.float16)
+
+
 def tma_ready(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases,
     and rows that do not overlap (a broadcast operand, row stride 0, takes the pointer loads)."""
-    return all(t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
-               and t.stride(0) >= max(1, t.shape[1]) and (t.stride(0) * t.element_size()) % 16 == 0
-               and t.data_ptr() % 16 == 0 for t in tensors)
+    for t in tensors:  # a loop, not all(generator): on every decode matmul's host path
+        if t.dtype not in _TMA_DTYPES or t.dim() != 2:
+            return False
+        row, col = t.stride()
+        if col != 1 or row < max(1, t.shape[1]) or (row * 2) % 16 or t.data_ptr() % 16:
+            return False
+    return True
 
 
 def operand_flags(dtype: torch.dtype) -> tuple[bool, bool]:
@@ -335,13 +342,13 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     a_rows = a.t() if a_t else a  # the operands as their descriptors see them: unit last stride
     b_rows = b.t() if b_t else b
     if cfg.persistent_tma and tma_ready(a_rows, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         n_items = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         n_progs = persistent_programs(a.device, n_items)
         _matmul_desc_kernel[(n_progs,)](
-            TensorDescriptor.from_tensor(a_rows, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]),
-            TensorDescriptor.from_tensor(b_rows, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]),
+            host_descriptor(_matmul_desc_kernel, a_rows,
+                            (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)),
+            host_descriptor(_matmul_desc_kernel, b_rows,
+                            (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)),
             c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
             ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
