@@ -103,11 +103,36 @@ def main() -> int:
             launch.REMEMBER_DESCRIPTORS = remember
             return matmul(a, w.t())
         rows[f"matmul [8 x 4096] @ w.t(), descriptors {'remembered' if remember else 're-encoded'}"] = call
+    import dataclasses
+
+    from rlk_triton import configs
+    from rlk_triton.ops.matmul import matmul_into
+
+    tma_cfg = configs.lookup_matmul("matmul", "sm90", torch.bfloat16, rows=8, cols=4096)
+    out = torch.empty(8, 4096, device="cuda", dtype=torch.bfloat16)
+    for tma in (True, False):
+        cfg = dataclasses.replace(tma_cfg, persistent_tma=tma)
+        rows[f"matmul_into [8 x 4096] @ w.t(), out preallocated, {'descriptor' if tma else 'pointer'} kernel"] = (
+            lambda cfg=cfg: matmul_into(a, w.t(), out, cfg=cfg))
     for name, fn in rows.items():
         us = per_call_us(fn)
         report["rows"].append({"part": name, "us_per_call": us})
         print(f"{name:60s} {us:8.2f} us", flush=True)
     launch.REMEMBER_DESCRIPTORS = True
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()  # where the public decode matmul's host time goes (own time per function)
+    prof.enable()
+    for _ in range(2000):
+        matmul(a, w.t())
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    report["matmul_profile"] = text.getvalue()[-4000:]
+    print(report["matmul_profile"])
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     return 0
