@@ -331,7 +331,7 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
         before = len(self._entries)
         ck = original(self, grid, args, meta)
         if launch.ENABLED and len(self._entries) == before and ck is not None:
-            want = self.jit.run(*args, grid=grid, warmup=True, **meta)
+            want = self.jit.run(*launch._built(args), grid=grid, warmup=True, **meta)  # descriptors built
             assert want is ck, self.jit.fn.__name__
             checked.append(self.jit.fn.__name__)
         return ck
