@@ -91,7 +91,8 @@ def main() -> int:
         ("selected_logp", "fwd [1 x 151936] (issue target)", lambda: cases._selected_logp(1, 151936, "fwd", False, bf16, "cuda", True)),
     ]
     named.append(("rmsnorm", "fwd+bwd [16384 x 4096], 8 chained, per call", lambda: _rmsnorm_chain(16384, 4096, 8), 8))
-    named += [("matmul", f"M={M} N={N} K=4096 (a @ w.t())", lambda M=M, N=N: cases._matmul(M, N, 4096, True, bf16, "cuda", True))
+    named += [("matmul", f"M={M} N={N} K=4096 (a @ w.t())",
+               lambda M=M, N=N: cases._matmul(M, N, 4096, True, bf16, "cuda", True))
               for M, N in ((1, 4096), (16, 4096), (64, 14336), (2048, 4096))]
     todo = named + [(c.op, c.name, (lambda c=c: c.build("cuda", True))) for c in cases.select(None, "quick")]
     for op, label, build, *per_step in todo:
