@@ -291,7 +291,7 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
         if t.dtype not in _TMA_DTYPES or t.dim() != 2:
             return False
         row, col = t.stride()
-        if col != 1 or row < max(1, t.shape[1]) or (row * 2) % 16 or t.data_ptr() % 16:
+        if col != 1 or row < max(1, t.shape[1]) or (row * 2) % 16 or t.data_ptr() % 16:  # 2-byte elements
             return False
     return True
 
