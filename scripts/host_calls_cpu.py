@@ -1,15 +1,20 @@
-"""Host time of public calls at decode sizes on this CPU, with every Triton launch stubbed out: what a
+"""Host time of public calls at decode sizes on this CPU, with every Triton launcher stubbed out: what a
 call costs in Python before and around its launches (checks, dispatch, config lookups, allocations,
-validation), the part of an eager call's wall time that is not the kernel (issue 20). A proxy for
-the GPU host: the launches themselves are not counted, and a GPU machine's CPU is faster or slower.
+validation, and the library's own launch path: argument signatures, templates, remembered descriptor
+maps), the part of an eager call's wall time that is not the kernel (issue 20). A proxy for the GPU
+host: Triton's C launcher and the driver are not counted, and a GPU machine's CPU is faster or slower.
 
-    python scripts/host_calls_cpu.py [--json FILE] [--label TEXT]
+    python scripts/host_calls_cpu.py [--json FILE] [--label TEXT] [--stub launch]
 
-Kernels are never run: rlk_triton.ops.launch.CachedLaunch.launch is replaced by a no-op and the
-interpreter flag is faked so that CPU tensors pass the device checks; outputs are garbage. The
-backend="cuda_native" rows run the public native path against a stand-in extension that returns
-preallocated outputs, as if admitted: what that path costs in Python before the binding's own ~20 us
-(docs/native.md). Each row: the median over 7 rounds of 2000 calls, microseconds per call.
+Kernels are never run: the JIT function of every rlk_triton.ops.launch.CachedLaunch is replaced by a
+stand-in whose "compiled kernel" launches nothing (for a kernel with host descriptors, through a copy
+of Triton 3.6's descriptor wrapper, which ops.launch takes over as on the GPU), and the interpreter
+flag is faked so that CPU tensors pass the device checks; outputs are garbage. `--stub launch`
+replaces CachedLaunch.launch itself with a no-op instead, as this script did before 2026-12-06
+(the library's launch path then not counted either). The backend="cuda_native" rows run the public
+native path against a stand-in extension that returns preallocated outputs, as if admitted: what
+that path costs in Python before the binding's own ~20 us (docs/native.md). Each row: the median
+over 7 rounds of 2000 calls, microseconds per call.
 """
 import argparse
 import json
@@ -24,10 +29,11 @@ import rlk_triton._runtime as _runtime
 _runtime.interpreter_active = lambda: True  # CPU tensors pass the device checks; nothing is interpreted
 from rlk_triton.ops import launch  # noqa: E402
 
-launch.CachedLaunch.launch = lambda self, grid, args, meta: None
 launch.stream_handle = lambda index: 0  # no CUDA stream here
 
 import torch  # noqa: E402
+
+torch.cuda.current_device = lambda: 0  # CachedLaunch keys its entries by it
 
 from rlk_triton import native  # noqa: E402
 
@@ -39,6 +45,65 @@ from rlk_triton.ops.matmul import matmul  # noqa: E402
 from rlk_triton.ops.rmsnorm import rms_norm  # noqa: E402
 from rlk_triton.ops.rope import apply_rope  # noqa: E402
 from rlk_triton.ops.swiglu import swiglu  # noqa: E402
+from rlk_triton.testing.launchers import descriptor_wrapper  # noqa: E402
+
+
+class _Compiled:
+    """A compiled kernel that launches nothing; with host descriptors at `positions`, its launcher has
+    Triton 3.6's shape, so ops.launch remembers the maps as on the GPU (a map is a placeholder)."""
+    function, packed_metadata = 0, None
+
+    def __init__(self, positions):
+        wrapped = descriptor_wrapper(lambda *a: None, positions, [0] * len(positions),
+                                     lambda arg, meta: [object(), *arg.shape, *arg.strides])
+
+        class Run:
+            global_scratch_size = profile_scratch_size = 0
+            launch_cooperative_grid = launch_pdl = False
+
+            def __init__(self):
+                if positions:
+                    self.launch = wrapped
+
+            def __call__(self, gx, gy, gz, stream, function, *args):
+                wrapped(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+        self.run = Run()
+
+
+class _StandInJit:
+    """A JIT function's stand-in: `jit[grid](*args, **meta)` returns a _Compiled per descriptor layout."""
+
+    def __init__(self, jit):
+        self.params, self.compiled = jit.params, {}
+
+    def __getitem__(self, grid):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def go(*args, **meta):
+            positions = tuple(i for i, a in enumerate(args) if type(a) is TensorDescriptor)
+            return self.compiled.setdefault(positions, _Compiled(positions))
+        return go
+
+
+def stub_launchers(mode: str) -> None:
+    """`launch`: CachedLaunch.launch is a no-op. `launcher`: every kernel of rlk_triton.ops gets a
+    stand-in JIT (its modules imported here: some public modules import theirs on first use)."""
+    import importlib
+    import pkgutil
+
+    import rlk_triton.ops
+
+    if mode == "launch":
+        launch.CachedLaunch.launch = lambda self, grid, args, meta: None
+        return
+    for info in pkgutil.iter_modules(rlk_triton.ops.__path__):
+        importlib.import_module(f"rlk_triton.ops.{info.name}")
+    for name, module in list(sys.modules.items()):
+        if name.startswith("rlk_triton"):
+            for value in vars(module).values():
+                if type(value) is launch.CachedLaunch and not isinstance(value.jit, _StandInJit):
+                    value.jit = _StandInJit(value.jit)
 
 
 def calls():
@@ -101,7 +166,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--stub", choices=("launcher", "launch"), default="launcher",
+                    help="what is replaced by a no-op: Triton's launcher (default) or CachedLaunch.launch")
     args = ap.parse_args()
+    stub_launchers(args.stub)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     for name, fn in calls().items():
@@ -119,7 +187,8 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"what": __doc__.splitlines()[0], "commit": commit, "label": args.label,
                        "cpu": platform.processor() or platform.machine(), "python": sys.version.split()[0],
-                       "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+                       "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "stub": args.stub,
+                       "rows": rows}, f, indent=1)
     return 0
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlk_triton.ops import launch
+from rlk_triton.testing.launchers import descriptor_wrapper
 
 
 def test_signature_separates_what_the_jit_specializes_on():
@@ -162,23 +163,6 @@ def test_the_jit_launches_when_the_cache_must_not_answer(fake_cuda, monkeypatch)
     assert len(jit.jit_launches) == 8
 
 
-# Triton 3.6's descriptor wrapper, as backends/nvidia/driver.py writes it: what DescriptorLaunch replaces.
-_WRAPPER_SOURCE = """
-def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
-    def inner(*args):
-        final_args = list(args[:_BASE_ARGS_FORMAT_LEN])
-        tensordesc_idx = 0
-        for i, arg in enumerate(args[_BASE_ARGS_FORMAT_LEN:]):
-            if i in tensordesc_indices:
-                final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[tensordesc_idx]))
-                tensordesc_idx += 1
-            else:
-                final_args.append(arg)
-        return launcher(*final_args)
-    return inner
-"""
-
-
 class _DescKernel(_Kernel):
     """A compiled kernel whose launcher has Triton 3.6's shape, with descriptors at `positions`."""
 
@@ -191,17 +175,15 @@ class _DescKernel(_Kernel):
             return [("map", arg.base.data_ptr(), metadata, tuple(arg.shape), tuple(arg.strides)),
                     *arg.shape, *arg.strides]
 
-        space = {"_BASE_ARGS_FORMAT_LEN": 13, "make_tensordesc_arg": make_tensordesc_arg}
-        exec(_WRAPPER_SOURCE if freevars_ok else _WRAPPER_SOURCE.replace("tensordesc_meta", "metas"), space)
-        outer = self
+        wrapper = descriptor_wrapper(lambda *a: self.c_launches.append(a), positions, metas, make_tensordesc_arg,
+                                     "tensordesc_meta" if freevars_ok else "metas")
 
         class Run:
             global_scratch_size = profile_scratch_size = scratch
             launch_cooperative_grid, launch_pdl = False, True
 
             def __init__(self):  # an instance attribute, as CudaLauncher's
-                self.launch = space["wrap_handle_tensordesc"](lambda *a: outer.c_launches.append(a),
-                                                              set(positions), list(metas))
+                self.launch = wrapper
 
             def __call__(self, gx, gy, gz, stream, function, *args):  # as CudaLauncher.__call__
                 self.launch(gx, gy, gz, stream, function, False, True, None, None, *args)
@@ -271,20 +253,25 @@ def test_other_launchers_keep_the_jits_launch():
     assert launch.DescriptorLaunch.of(plain) is None
 
 
+class _OneKernelJit(_Jit):
+    """(a, b, n, BLOCK: constexpr), compiled to one given kernel."""
+    params = [_Param("a", None), _Param("b", None), _Param("n", None), _Param("BLOCK", None)]
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def go(*args, **meta):
+            self.jit_launches.append((grid, args, meta))
+            return self.kernel
+        return go
+
+
 def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_cuda, monkeypatch):
     d0, d1 = _descs()
     kernel = _DescKernel(positions=(0, 1))
-
-    class Jit(_Jit):
-        params = [_Param("a", None), _Param("b", None), _Param("n", None), _Param("BLOCK", None)]
-
-        def __getitem__(self, grid):
-            def go(*args, **meta):
-                self.jit_launches.append((grid, args, meta))
-                return kernel
-            return go
-
-    jit = Jit()
+    jit = _OneKernelJit(kernel)
     k = launch.CachedLaunch(jit)
     k[(2,)](launch.Descriptor(d0.base, (16, 32)), d1, 64, BLOCK=32)  # the JIT gets the built descriptor
     assert [type(a) for a in jit.jit_launches[0][1][:2]] == [type(d0)] * 2
@@ -297,6 +284,72 @@ def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_
     monkeypatch.setattr(launch, "REMEMBER_DESCRIPTORS", False)
     k[(2,)](launch.Descriptor(d0.base, (16, 32)), d1, 64, BLOCK=32)  # off: built, the wrapper's launch
     assert len(kernel.c_launches) == 2 and kernel.c_launches[1] == kernel.c_launches[0]
+
+
+def test_a_template_launches_what_the_kernels_launch_would(fake_cuda):
+    jit = _Jit()
+    k = launch.CachedLaunch(jit)
+    t = launch.Template(k, (4,), (launch.SLOT, 32), {"BLOCK": 128, "num_warps": 4})
+    x, y = torch.zeros(64), torch.ones(64)
+    first = t(x)  # the kernel's own launch: the JIT, remembered by the kernel and the template
+    assert len(jit.jit_launches) == 1 and jit.jit_launches[0][1] == (x, 32)
+    assert t(y) is first and k[(4,)](y, 32, BLOCK=128, num_warps=4) is first and len(jit.jit_launches) == 1
+    t_call, k_call = first.launches
+    assert t_call[:9] == k_call[:9] == (4, 1, 1, 1234, "function", "packed", None, None, None)
+    assert t_call[9] is y and t_call[10:] == k_call[10:] == (32, 128, 7)
+    assert len(k._entries) == 1 and len(t.entries) == 1
+    t(x[1:])  # the slot's facts differ (misaligned): the kernel's launch, a new specialization
+    assert len(jit.jit_launches) == 2 and len(t.entries) == 2
+    other = launch.Template(k, (4,), (launch.SLOT, 33), {"BLOCK": 128, "num_warps": 4})  # a fixed int's facts
+    assert other(x) is not first and len(jit.jit_launches) == 3
+
+
+def test_a_template_of_a_cuda_tensor_passes_its_address(fake_cuda):
+    k = launch.CachedLaunch(_Jit())
+    x = torch.zeros(64).as_subclass(_CudaLike)
+    t = launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": 128})
+    t(x)
+    kernel = t(x)
+    assert kernel.launches[-1][9] == x.data_ptr() and type(kernel.launches[-1][9]) is int
+
+
+def test_a_template_takes_the_kernels_launch_when_nothing_may_be_remembered(fake_cuda, monkeypatch):
+    jit = _Jit()
+    k = launch.CachedLaunch(jit)
+    x = torch.zeros(64)
+    never = [launch.Template(k, (1,), (launch.SLOT, object()), {"BLOCK": 128}),  # a fixed unknown type
+             launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": float("nan")}),
+             launch.Template(k, lambda meta: (1,), (launch.SLOT, 32), {"BLOCK": 128})]
+    for t in never * 2:
+        t(x)
+    assert len(jit.jit_launches) == 6 and all(not t.entries for t in never)
+    t = launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": 128})
+    t(object())  # a slot of an unknown type
+    monkeypatch.setattr(launch, "ENABLED", False)
+    t(x)
+    t(x)
+    assert len(jit.jit_launches) == 9 and not t.entries
+    monkeypatch.setattr(launch, "ENABLED", True)
+    t(x)
+    t(x)
+    assert len(jit.jit_launches) == 10 and len(t.entries) == 1
+    interpreted = _Jit()  # not a CachedLaunch (the interpreter's kernel): its own launch, every call
+    t = launch.Template(interpreted, (2,), (launch.SLOT, 32), {"BLOCK": 128})
+    t(x)
+    t(x)
+    assert [c[1] for c in interpreted.jit_launches] == [(x, 32)] * 2
+
+
+def test_a_template_with_descriptor_slots_launches_through_the_remembered_maps(fake_cuda):
+    d0, d1 = _descs()
+    kernel = _DescKernel(positions=(0, 1))
+    k = launch.CachedLaunch(_OneKernelJit(kernel))
+    t = launch.Template(k, (2,), (launch.SLOT, launch.SLOT, 64), {"BLOCK": 32})
+    t(launch.Descriptor(d0.base, (16, 32)), d1)
+    t(launch.Descriptor(d0.base, (16, 32)), d1)
+    k[(2,)](d0, d1, 64, BLOCK=32)
+    assert len(kernel.c_launches) == 2 and kernel.c_launches[0] == kernel.c_launches[1]
+    assert kernel.c_launches[0][13] == ("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1))
 
 
 def test_under_the_interpreter_kernels_are_not_wrapped():
@@ -322,8 +375,9 @@ def _gpu_workloads():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the cache is active on a GPU only")
 def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
     """Every quick benchmark case twice with the cache (the second call launches from it) against the
-    JIT alone: the same outputs, torch.equal; and at every cached launch the JIT, asked for the kernel
-    of the same arguments (warmup: no launch), returns the remembered object."""
+    JIT alone: the same outputs, torch.equal; and at every cached launch, the kernel's own or a call
+    site's Template (matmul's plans), the JIT, asked for the kernel of the same arguments (warmup: no
+    launch), returns the remembered object."""
     checked = []
     original = launch.CachedLaunch.launch
 
@@ -337,6 +391,20 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
         return ck
 
     monkeypatch.setattr(launch.CachedLaunch, "launch", checking)
+    original_template = launch.Template.__call__
+
+    def checking_template(self, *values):  # a call site's template (matmul's plans): the JIT's kernel too
+        ck = original_template(self, *values)
+        if launch.ENABLED and self.remembers and ck is not None:
+            args = list(self.args)
+            for i, v in zip(self.slots, values):
+                args[i] = v
+            want = self.kernel.jit.run(*launch._built(args), grid=self.grid, warmup=True, **self.meta)
+            assert want is ck, self.kernel.jit.fn.__name__
+            checked.append("template " + self.kernel.jit.fn.__name__)
+        return ck
+
+    monkeypatch.setattr(launch.Template, "__call__", checking_template)
 
     def outputs(fn):
         got = fn()
@@ -355,6 +423,7 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
         for a, b in zip(want, got):
             assert torch.equal(a, b), name
     assert len(set(checked)) >= 10, sorted(set(checked))
+    assert any(c.startswith("template ") for c in checked), sorted(set(checked))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="descriptor kernels run on a GPU only")

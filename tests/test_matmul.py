@@ -100,6 +100,41 @@ def test_descriptor_kernel_gives_the_pointer_kernel_bits(device, dtype):
         assert torch.equal(x, y)
 
 
+def test_a_remembered_plan_checks_each_calls_alignment_and_keeps_no_tensor(device):
+    """matmul_into decides once per shape, strides, dtype, device and flags (_Plan): a call of the same
+    key whose base is 2 bytes off 16 takes the pointer kernel (the descriptor kernel needs aligned
+    bases), with the bits of an aligned copy; a transposed layout of equal values is another plan with
+    the same bits; and no plan keeps a caller's tensor alive."""
+    import dataclasses
+    import gc
+    import weakref
+
+    from rlk_triton import configs
+    from rlk_triton._runtime import arch_of
+    from rlk_triton.ops import matmul as mm
+
+    gen = torch.Generator().manual_seed(5)
+    M, K, N = 24, 64, 48
+    cfg = dataclasses.replace(configs.lookup_matmul("matmul", arch_of(torch.device(device)), torch.bfloat16),
+                              persistent_tma=True)
+    buf = torch.randn(M * K + 8, generator=gen).to(device, torch.bfloat16)
+    aligned, off = buf[:M * K].view(M, K), buf[1:M * K + 1].view(M, K)
+    assert mm.tma_ready(aligned) and not mm.tma_ready(off)
+    w = torch.randn(N, K, generator=gen).to(device, torch.bfloat16)
+    keys = set(mm._PLANS)
+    got = [mm.matmul_into(x, w.t(), torch.empty(M, N, device=device), cfg=cfg) for x in (aligned, off)]
+    assert len(set(mm._PLANS) - keys) == 1  # one shape, strides and flags: one plan
+    want = [mm.matmul_into(x.clone(), w.t().contiguous(), torch.empty(M, N, device=device), cfg=cfg)
+            for x in (aligned, off)]
+    assert len(set(mm._PLANS) - keys) == 2  # b row-major: another plan
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    ref = weakref.ref(w)
+    del w
+    gc.collect()
+    assert ref() is None
+
+
 def test_broadcast_operands_take_the_pointer_loads(device):
     """A row-stride-0 operand (expand) is not a TMA descriptor's matrix: tma_ready refuses it, as a
     (transposed) a or b, and the matmul gives the bits of its materialized copy."""

@@ -36,6 +36,12 @@ shape (another Triton) keeps the JIT's launcher: the same bits, only slower. Cal
 `host_descriptor(kernel, tensor, block_shape)`: for a cached kernel a `Descriptor` that is built into
 Triton's TensorDescriptor only when the JIT, Triton's launcher or a new map needs the object.
 
+A call site that repeats one shape can fix its launch once: `Template(kernel, grid, args, meta)` with
+SLOT at the positions each call gives (matmul's plans: the tensors). A call then binds the SLOTs'
+values only; the rest of the signature was taken when the template was made. It remembers, per
+(device, SLOT signature), the entry the kernel's own launch made for the full arguments: the same
+kernel, the same bits.
+
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
 - for arguments of other types, keyword values other than int, float, bool,
@@ -105,15 +111,29 @@ def bind(args) -> tuple | None:
             sig.append(a)
         elif t is TensorDescriptor:  # the launcher fills the TMA descriptor from it on every launch
             sig.append((a.base.dtype, a.base.data_ptr() & 15 == 0, tuple(a.block_shape), a.padding,
-                        tuple([v & 15 == 0 for v in a.shape]), tuple([v & 15 == 0 for v in a.strides])))
+                        _divisible(tuple(a.shape), tuple(a.strides))))
         elif t is Descriptor:  # the facts of the TensorDescriptor it builds
             x = a.tensor
-            sig.append((x.dtype, x.data_ptr() & 15 == 0, a.block_shape, "zero",
-                        tuple([v & 15 == 0 for v in x.shape]), tuple([v & 15 == 0 for v in x.stride()])))
+            sig.append((x.dtype, x.data_ptr() & 15 == 0, a.block_shape, "zero", _divisible(x.shape, x.stride())))
         else:
             return None
         passed.append(a)
     return tuple(sig), tuple(passed)
+
+
+_DIVISIBLE: dict = {}
+
+
+def _divisible(shape, strides) -> tuple:
+    """(which dims, which strides are divisible by 16) of a descriptor: remembered per (shape, strides),
+    which a decode step repeats (a list comprehension per call costs more than the lookup)."""
+    key = (shape, strides)
+    facts = _DIVISIBLE.get(key)
+    if facts is None:
+        if len(_DIVISIBLE) >= 4096:
+            _DIVISIBLE.clear()
+        facts = _DIVISIBLE[key] = (tuple([v & 15 == 0 for v in shape]), tuple([v & 15 == 0 for v in strides]))
+    return facts
 
 
 class Descriptor(NamedTuple):
@@ -256,26 +276,90 @@ class CachedLaunch:
         key = (device, sig, tuple(meta.items()))
         entry = self._entries.get(key)
         if entry is None:
-            args = _built(args)
-            kernel = self.jit[grid](*args, **meta)
-            if hasattr(kernel, "result"):  # an asynchronous compile's future
-                kernel = kernel.result()
-            # The constexprs and defaults the JIT binds after the positional arguments: fixed by the key.
-            tail = tuple(meta[n] if n in meta else d for n, d in self._params[len(args):])
-            if all(v == v for v in meta.values()):
-                with_descriptors = TensorDescriptor is not None and any(type(a) is TensorDescriptor for a in args)
-                self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail,
-                                      with_descriptors, DescriptorLaunch.of(kernel) if with_descriptors else None)
-            return kernel
-        kernel, run, function, packed, tail, with_descriptors, by_maps = entry
+            return self._first(grid, args, meta, key)
         n = len(grid)
-        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        self._run(entry, grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, device, passed)
+        return entry[0]
+
+    def _first(self, grid, args, meta, key):
+        """The JIT's launch of a signature not seen before; its compiled kernel remembered under key."""
+        args = _built(args)
+        kernel = self.jit[grid](*args, **meta)
+        if hasattr(kernel, "result"):  # an asynchronous compile's future
+            kernel = kernel.result()
+        # The constexprs and defaults the JIT binds after the positional arguments: fixed by the key.
+        tail = tuple(meta[n] if n in meta else d for n, d in self._params[len(args):])
+        if all(v == v for v in meta.values()):
+            with_descriptors = TensorDescriptor is not None and any(type(a) is TensorDescriptor for a in args)
+            self._entries[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata, tail,
+                                  with_descriptors, DescriptorLaunch.of(kernel) if with_descriptors else None)
+        return kernel
+
+    @staticmethod
+    def _run(entry, gx, gy, gz, device, passed):
+        """A remembered kernel's launch with the arguments as bind passes them."""
+        kernel, run, function, packed, tail, with_descriptors, by_maps = entry
         if by_maps is not None and REMEMBER_DESCRIPTORS:
             by_maps(gx, gy, gz, stream_handle(device), function, packed, passed + tail)
         else:
             if with_descriptors:
                 passed = _built(passed)
             run(gx, gy, gz, stream_handle(device), function, packed, None, None, None, *passed, *tail)
+
+
+SLOT = object()  # a Template's positional argument that each call gives
+
+
+class Template:
+    """`kernel[grid](*args, **meta)` with the grid, the keyword arguments and every positional argument
+    but the SLOTs fixed; a call gives the SLOTs' values in order: `template(*values)`.
+
+    A call site that repeats one shape (a decode step's matmul) builds it once and pays, per call, for
+    the facts of its SLOT values only: the fixed arguments' facts and the keyword arguments' key were
+    taken once, and with them fixed the SLOTs' signature decides the full one. So the kernel it
+    remembers per (device, SLOT signature) is the one the kernel's own launch remembers for the full
+    arguments, which a first call asks it for (CachedLaunch.launch: the JIT's kernel, the same bits).
+    Whatever the kernel's launch would not remember (a hook, the cache off, an argument type bind
+    does not know) takes the kernel's launch on every call."""
+
+    def __init__(self, kernel, grid, args: tuple, meta: dict):
+        self.kernel, self.meta, self.args = kernel, dict(meta), tuple(args)
+        self.grid = tuple(grid) if not callable(grid) else grid
+        self.slots = tuple([i for i, a in enumerate(args) if a is SLOT])
+        fixed = bind(tuple([a for a in args if a is not SLOT]))
+        self.remembers = (type(kernel) is CachedLaunch and fixed is not None and not callable(grid)
+                          and all(type(v) in _META_TYPES and v == v for v in meta.values()))
+        if self.remembers:
+            passed = iter(fixed[1])
+            self.passed = [None if a is SLOT else next(passed) for a in args]
+            self.meta_key = tuple(self.meta.items())
+            n = len(self.grid)
+            self.grid3 = (self.grid[0], self.grid[1] if n > 1 else 1, self.grid[2] if n > 2 else 1)
+        self.entries = {}
+
+    def __call__(self, *values):
+        remember = self.remembers and ENABLED and not _hooked()
+        bound = bind(values) if remember else None
+        if bound is not None:
+            device = torch.cuda.current_device()
+            entry = self.entries.get((device, bound[0]))
+            if entry is not None:
+                passed = self.passed.copy()
+                for i, v in zip(self.slots, bound[1]):
+                    passed[i] = v
+                gx, gy, gz = self.grid3
+                CachedLaunch._run(entry, gx, gy, gz, device, tuple(passed))
+                return entry[0]
+        args = list(self.args)
+        for i, v in zip(self.slots, values):
+            args[i] = v
+        if type(self.kernel) is not CachedLaunch:  # the interpreter's kernel
+            return self.kernel[self.grid](*args, **self.meta)
+        kernel = self.kernel.launch(self.grid, tuple(args), self.meta)
+        if bound is not None:  # the entry the kernel's launch made or used for these arguments, if any
+            entry = self.kernel._entries.get((device, signature(args), self.meta_key))
+            if entry is not None:
+                self.entries[(device, bound[0])] = entry
         return kernel
 
 

@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv, host_descriptor
+from .launch import SLOT, Template, cached, cdiv, host_descriptor
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -284,14 +284,20 @@ def persistent_programs(device: torch.device, n_items: int) -> int:
 _TMA_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def tma_layout(t: torch.Tensor) -> bool:
+    """What TMA descriptors need of an operand's layout here: 2 bytes an element, two dims, a unit last
+    stride, 16-byte aligned rows that do not overlap (a broadcast operand, row stride 0, takes the
+    pointer loads). The base address must be 16-byte aligned too (tma_ready)."""
+    if t.dtype not in _TMA_DTYPES or t.dim() != 2:
+        return False
+    row, col = t.stride()
+    return col == 1 and row >= max(1, t.shape[1]) and (row * 2) % 16 == 0  # 2-byte elements
+
+
 def tma_ready(*tensors: torch.Tensor) -> bool:
-    """TMA descriptors need 2-byte operands here, a unit last stride, 16-byte aligned rows and bases,
-    and rows that do not overlap (a broadcast operand, row stride 0, takes the pointer loads)."""
+    """TMA descriptors can read these operands: tma_layout, and 16-byte aligned bases."""
     for t in tensors:  # a loop, not all(generator): on every decode matmul's host path
-        if t.dtype not in _TMA_DTYPES or t.dim() != 2:
-            return False
-        row, col = t.stride()
-        if col != 1 or row < max(1, t.shape[1]) or (row * 2) % 16 or t.data_ptr() % 16:  # 2-byte elements
+        if not tma_layout(t) or t.data_ptr() % 16:
             return False
     return True
 
@@ -314,7 +320,8 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     bias [N] contiguous. A config with persistent_tma takes the descriptor kernel when the operands
     allow it (tma_ready, unit-stride out / c_in; an `a` or `b` that is a transposed row-major matrix,
     such as weight.t(), is read through a descriptor over that matrix), else the pointer kernel: the
-    same bits either way.
+    same bits either way. What to launch is decided once per shape, strides, dtype, device and flags
+    (_Plan).
     """
     M, K = a.shape
     N = b.shape[1]
@@ -324,47 +331,79 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
         base = c_in.float() if c_in is not None else torch.zeros(out.shape, device=out.device)
         out.copy_(base + bias.float() if bias is not None else base)
         return out
-    cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
-    if fold_k and (fold_k % cfg.block_k or bias is not None):
-        raise ValueError(f"fold_k {fold_k} needs a multiple of block_k {cfg.block_k} and no bias")
-    fold_k = fold_k if fold_k < K else 0  # one range: the plain kernel
-    if fold_k and c_in is None:
-        # The first range as its own call, the rest chained onto it: the fold's bits by its definition
-        # (and fp32 addition commutes). One launch folding from no C_in spills 3 KB a thread on sm90
-        # (255 registers; with C_in, 176 B): 0.85 ms against 0.38 for a pass with C_in on the H100.
-        first = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        matmul_into(a[:, :fold_k], b[:fold_k], first, cfg=cfg)
-        return matmul_into(a[:, fold_k:], b[fold_k:], out, c_in=first, cfg=cfg, fold_k=fold_k)
-    upcast, ieee = operand_flags(a.dtype)
+    if fold_k:
+        cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
+        if fold_k % cfg.block_k or bias is not None:
+            raise ValueError(f"fold_k {fold_k} needs a multiple of block_k {cfg.block_k} and no bias")
+        fold_k = fold_k if fold_k < K else 0  # one range: the plain kernel
+        if fold_k and c_in is None:
+            # The first range as its own call, the rest chained onto it: the fold's bits by its definition
+            # (and fp32 addition commutes). One launch folding from no C_in spills 3 KB a thread on sm90
+            # (255 registers; with C_in, 176 B): 0.85 ms against 0.38 for a pass with C_in on the H100.
+            first = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32,
+                                                                       device=out.device)
+            matmul_into(a[:, :fold_k], b[:fold_k], first, cfg=cfg)
+            return matmul_into(a[:, fold_k:], b[fold_k:], out, c_in=first, cfg=cfg, fold_k=fold_k)
     c = c_in if c_in is not None else out
-    a_t = a.stride(0) == 1 and a.stride(1) != 1
-    b_t = b.stride(0) == 1 and b.stride(1) != 1
-    a_rows = a.t() if a_t else a  # the operands as their descriptors see them: unit last stride
-    b_rows = b.t() if b_t else b
-    if cfg.persistent_tma and tma_ready(a_rows, b_rows) and out.stride(1) == 1 and c.stride(1) == 1:
-        n_items = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-        n_progs = persistent_programs(a.device, n_items)
-        _matmul_desc_kernel[(n_progs,)](
-            host_descriptor(_matmul_desc_kernel, a_rows,
-                            (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)),
-            host_descriptor(_matmul_desc_kernel, b_rows,
-                            (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)),
-            c, c.stride(0), out, out.stride(0), bias if bias is not None else out, M, N, K, n_progs,
-            ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, B_T=b_t,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
-            A_T=a_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        return out
-    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
-    _matmul_kernel[grid](
-        a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
-        c, c.stride(0), c.stride(1), out, out.stride(0), out.stride(1), bias if bias is not None else out,
-        M, N, K,
-        ACCUMULATE=c_in is not None, HAS_BIAS=bias is not None, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FOLD_K=fold_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    key = (cfg, fold_k, c_in is None, bias is None, a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(),
+           out.stride(), c.stride())
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(a, b, out, c, c_in is not None, bias is not None, cfg, fold_k)
+    plan(a, b, out, c, bias if bias is not None else out)
     return out
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 1024
+
+
+class _Plan:
+    """matmul_into's decision for one key (its operands' shapes and strides, a's dtype and device, the
+    config, fold_k, and whether c_in and bias are given): the config, the kernel, its grid and its
+    arguments, as launch templates with the tensors as SLOTs. A decode step repeats one shape, so it is
+    decided once and each call pays for its tensors only (ops.launch.Template). The descriptor kernel
+    also needs 16-byte aligned bases, a fact of each call's tensors (tma_ready)."""
+
+    def __init__(self, a, b, out, c, accumulate: bool, has_bias: bool, cfg, fold_k: int):
+        M, K = a.shape
+        N = b.shape[1]
+        cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
+        upcast, ieee = operand_flags(a.dtype)
+        self.a_t = a_t = a.stride(0) == 1 and a.stride(1) != 1
+        self.b_t = b_t = b.stride(0) == 1 and b.stride(1) != 1
+        a_rows = a.t() if a_t else a  # the operands as their descriptors see them: unit last stride
+        b_rows = b.t() if b_t else b
+        self.a_block = (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)
+        self.b_block = (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)
+        self.tma = None
+        if cfg.persistent_tma and tma_layout(a_rows) and tma_layout(b_rows) and out.stride(1) == 1 \
+                and c.stride(1) == 1:
+            n_progs = persistent_programs(a.device, cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n))
+            self.tma = Template(
+                _matmul_desc_kernel, (n_progs,),
+                (SLOT, SLOT, SLOT, c.stride(0), SLOT, out.stride(0), SLOT, M, N, K, n_progs),
+                dict(ACCUMULATE=accumulate, HAS_BIAS=has_bias, UPCAST=upcast, IEEE=ieee, B_T=b_t,
+                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                     FOLD_K=fold_k, A_T=a_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        self.pointers = Template(
+            _matmul_kernel, (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),),
+            (SLOT, a.stride(0), a.stride(1), SLOT, b.stride(0), b.stride(1), SLOT, c.stride(0), c.stride(1),
+             SLOT, out.stride(0), out.stride(1), SLOT, M, N, K),
+            dict(ACCUMULATE=accumulate, HAS_BIAS=has_bias, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
+                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                 FOLD_K=fold_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+    def __call__(self, a, b, out, c, bias):
+        """bias: the bias, or any tensor when the plan has none (the kernel reads it only with HAS_BIAS)."""
+        if self.tma is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16):
+            kernel = self.tma.kernel
+            self.tma(host_descriptor(kernel, a.t() if self.a_t else a, self.a_block),
+                     host_descriptor(kernel, b.t() if self.b_t else b, self.b_block), c, out, bias)
+        else:
+            self.pointers(a, b, c, out, bias)
 
 
 # ---- the public op: torch.library custom ops with autograd ----
@@ -413,10 +452,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Empty shapes are valid: M = 0 or N = 0 give an empty result, K = 0 the empty sum (zeros, plus
     bias), forward and backward, without a launch.
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype in _DTYPES and b.dtype == a.dtype
+            and b.device == a.device and b.dim() == 2 and 1 <= a.dim() and a.shape[-1] == b.shape[0]
+            and (bias is None or (isinstance(bias, torch.Tensor) and bias.dtype == a.dtype and bias.device == a.device
+                                  and bias.shape == b.shape[1:]))):  # the common case in one pass (host time)
+        _check_matmul_args(a, b, bias)
+    if a.is_cpu and not interpreter_active():
+        raise DeviceError("a", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    if a.dim() == 2:
+        return call_matmul(a, b, bias.contiguous() if bias is not None else None)
+    lead = a.shape[:-1]
+    # not reshape(-1, K): with K = 0 (or any empty a) the -1 could be anything
+    out = call_matmul(a.reshape(math.prod(lead), a.shape[-1]), b, bias.contiguous() if bias is not None else None)
+    return shaped(out, (*lead, b.shape[1]))
+
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_matmul_args(a, b, bias) -> None:
+    """matmul's argument checks, each with its typed error naming the argument."""
     for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
         if not isinstance(x, torch.Tensor):
             raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        if x.dtype not in _DTYPES:
             raise DTypeError(name, f"dtype {x.dtype} is not one of bfloat16, float16, float32")
         if x.dtype != a.dtype:
             raise DTypeError(name, f"dtype {x.dtype} differs from a's {a.dtype}")
@@ -429,10 +488,3 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         raise ShapeError("b", f"K = {b.shape[0]} does not match a's last dim {a.shape[-1]}")
     if bias is not None and tuple(bias.shape) != (b.shape[1],):
         raise ShapeError("bias", f"shape {tuple(bias.shape)} is not [N] = [{b.shape[1]}]")
-    if a.device.type == "cpu" and not interpreter_active():
-        raise DeviceError("a", "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
-    lead = a.shape[:-1]
-    # not reshape(-1, K): with K = 0 (or any empty a) the -1 could be anything
-    a2d = a if a.dim() == 2 else a.reshape(math.prod(lead), a.shape[-1])
-    out = call_matmul(a2d, b, bias.contiguous() if bias is not None else None)
-    return shaped(out, (*lead, b.shape[1]))
