@@ -7,7 +7,9 @@
 # gradient GEMMs against cuBLAS (gpu_linear_logp_gemms.py), its steps after idle and sustained with the clocks
 # sampled (gpu_linear_logp_clocks.py), its fused kernels' epilogue cost (gpu_linear_logp_epilogue.py). Each
 # step has its own time box; everything lands under $OUT. "kernels": the native rms_norm backward's device time
-# per kernel against Triton's (gpu_native_kernels.py).
+# per kernel against Triton's (gpu_native_kernels.py). "parts": a launch's host cost by part and the decode
+# matmul's profile (gpu_launch_parts.py). "decode": the rollout-shaped kernels against the stock ones
+# (gpu_decode.py; DECODE_ARGS="--only matmul --sweep matmul" for the small-M candidates).
 #   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -35,6 +37,10 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
             python3 scripts/plot_native_report.py $OUT/native.json --out $OUT/native.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     kernels) timeout ${KERNELS_S:-90} python3 scripts/gpu_native_kernels.py --out $OUT/kernels.json --commit $C > $OUT/kernels.log 2>&1
              echo "kernels: exit $?"; grep "^{" $OUT/kernels.log | cut -c1-250 ;;
+    parts) timeout ${PARTS_S:-90} python3 scripts/gpu_launch_parts.py --out $OUT/parts.json --commit $C > $OUT/parts.log 2>&1
+           echo "parts: exit $?"; grep -v "^ " $OUT/parts.log | tail -c 1500 ;;
+    decode) timeout ${DECODE_S:-200} python3 scripts/gpu_decode.py --out $OUT/decode.json --commit $C ${DECODE_ARGS:-} > $OUT/decode.log 2>&1
+            echo "decode: exit $?"; tail -c 2500 $OUT/decode.log ;;
     host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log ;;
     ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) ${LL_ARGS:-} > $OUT/ll.log 2>&1
