@@ -48,6 +48,10 @@ from rlk_triton.ops.swiglu import swiglu  # noqa: E402
 from rlk_triton.testing.launchers import descriptor_wrapper  # noqa: E402
 
 
+def _no_launch(*args):
+    """Triton's C launcher, stubbed."""
+
+
 class _Compiled:
     """A compiled kernel that launches nothing; with host descriptors at `positions`, its launcher has
     Triton 3.6's shape, so ops.launch remembers the maps as on the GPU (a map is a placeholder)."""
@@ -57,16 +61,15 @@ class _Compiled:
         wrapped = descriptor_wrapper(lambda *a: None, positions, [0] * len(positions),
                                      lambda arg, meta: [object(), *arg.shape, *arg.strides])
 
-        class Run:
+        class Run:  # as CudaLauncher: `launch` is the C launcher, or the wrapper around it
             global_scratch_size = profile_scratch_size = 0
             launch_cooperative_grid = launch_pdl = False
 
             def __init__(self):
-                if positions:
-                    self.launch = wrapped
+                self.launch = wrapped if positions else _no_launch
 
             def __call__(self, gx, gy, gz, stream, function, *args):
-                wrapped(gx, gy, gz, stream, function, False, False, None, None, *args)
+                self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
 
         self.run = Run()
 

@@ -289,27 +289,28 @@ def test_cached_launch_takes_remembered_descriptors_through_the_c_launcher(fake_
 def test_a_template_launches_what_the_kernels_launch_would(fake_cuda):
     jit = _Jit()
     k = launch.CachedLaunch(jit)
-    t = launch.Template(k, (4,), (launch.SLOT, 32), {"BLOCK": 128, "num_warps": 4})
+    t = launch.Template(k, (launch.SLOT, 32), {"BLOCK": 128, "num_warps": 4})
     x, y = torch.zeros(64), torch.ones(64)
-    first = t(x)  # the kernel's own launch: the JIT, remembered by the kernel and the template
+    first = t((4,), x)  # the kernel's own launch: the JIT, remembered by the kernel and the template
     assert len(jit.jit_launches) == 1 and jit.jit_launches[0][1] == (x, 32)
-    assert t(y) is first and k[(4,)](y, 32, BLOCK=128, num_warps=4) is first and len(jit.jit_launches) == 1
+    assert t((4, 3), y) is first and k[(4, 3)](y, 32, BLOCK=128, num_warps=4) is first
+    assert len(jit.jit_launches) == 1
     t_call, k_call = first.launches
-    assert t_call[:9] == k_call[:9] == (4, 1, 1, 1234, "function", "packed", None, None, None)
+    assert t_call[:9] == k_call[:9] == (4, 3, 1, 1234, "function", "packed", None, None, None)
     assert t_call[9] is y and t_call[10:] == k_call[10:] == (32, 128, 7)
     assert len(k._entries) == 1 and len(t.entries) == 1
-    t(x[1:])  # the slot's facts differ (misaligned): the kernel's launch, a new specialization
+    t((4,), x[1:])  # the slot's facts differ (misaligned): the kernel's launch, a new specialization
     assert len(jit.jit_launches) == 2 and len(t.entries) == 2
-    other = launch.Template(k, (4,), (launch.SLOT, 33), {"BLOCK": 128, "num_warps": 4})  # a fixed int's facts
-    assert other(x) is not first and len(jit.jit_launches) == 3
+    other = launch.Template(k, (launch.SLOT, 33), {"BLOCK": 128, "num_warps": 4})  # a fixed int's facts
+    assert other((4,), x) is not first and len(jit.jit_launches) == 3
 
 
 def test_a_template_of_a_cuda_tensor_passes_its_address(fake_cuda):
     k = launch.CachedLaunch(_Jit())
     x = torch.zeros(64).as_subclass(_CudaLike)
-    t = launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": 128})
-    t(x)
-    kernel = t(x)
+    t = launch.Template(k, (launch.SLOT, 32), {"BLOCK": 128})
+    t((1,), x)
+    kernel = t((1,), x)
     assert kernel.launches[-1][9] == x.data_ptr() and type(kernel.launches[-1][9]) is int
 
 
@@ -317,26 +318,26 @@ def test_a_template_takes_the_kernels_launch_when_nothing_may_be_remembered(fake
     jit = _Jit()
     k = launch.CachedLaunch(jit)
     x = torch.zeros(64)
-    never = [launch.Template(k, (1,), (launch.SLOT, object()), {"BLOCK": 128}),  # a fixed unknown type
-             launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": float("nan")}),
-             launch.Template(k, lambda meta: (1,), (launch.SLOT, 32), {"BLOCK": 128})]
+    never = [launch.Template(k, (launch.SLOT, object()), {"BLOCK": 128}),  # a fixed unknown type
+             launch.Template(k, (launch.SLOT, 32), {"BLOCK": float("nan")})]
     for t in never * 2:
-        t(x)
-    assert len(jit.jit_launches) == 6 and all(not t.entries for t in never)
-    t = launch.Template(k, (1,), (launch.SLOT, 32), {"BLOCK": 128})
-    t(object())  # a slot of an unknown type
+        t((1,), x)
+    assert len(jit.jit_launches) == 4 and all(not t.entries for t in never)
+    t = launch.Template(k, (launch.SLOT, 32), {"BLOCK": 128})
+    t(lambda meta: (1,), x)  # a callable grid
+    t((1,), object())  # a slot of an unknown type
     monkeypatch.setattr(launch, "ENABLED", False)
-    t(x)
-    t(x)
-    assert len(jit.jit_launches) == 9 and not t.entries
+    t((1,), x)
+    t((1,), x)
+    assert len(jit.jit_launches) == 8 and not t.entries
     monkeypatch.setattr(launch, "ENABLED", True)
-    t(x)
-    t(x)
-    assert len(jit.jit_launches) == 10 and len(t.entries) == 1
+    t((1,), x)
+    t((1,), x)
+    assert len(jit.jit_launches) == 9 and len(t.entries) == 1
     interpreted = _Jit()  # not a CachedLaunch (the interpreter's kernel): its own launch, every call
-    t = launch.Template(interpreted, (2,), (launch.SLOT, 32), {"BLOCK": 128})
-    t(x)
-    t(x)
+    t = launch.Template(interpreted, (launch.SLOT, 32), {"BLOCK": 128})
+    t((2,), x)
+    t((2,), x)
     assert [c[1] for c in interpreted.jit_launches] == [(x, 32)] * 2
 
 
@@ -344,9 +345,9 @@ def test_a_template_with_descriptor_slots_launches_through_the_remembered_maps(f
     d0, d1 = _descs()
     kernel = _DescKernel(positions=(0, 1))
     k = launch.CachedLaunch(_OneKernelJit(kernel))
-    t = launch.Template(k, (2,), (launch.SLOT, launch.SLOT, 64), {"BLOCK": 32})
-    t(launch.Descriptor(d0.base, (16, 32)), d1)
-    t(launch.Descriptor(d0.base, (16, 32)), d1)
+    t = launch.Template(k, (launch.SLOT, launch.SLOT, 64), {"BLOCK": 32})
+    t((2,), launch.Descriptor(d0.base, (16, 32)), d1)
+    t((2,), launch.Descriptor(d0.base, (16, 32)), d1)
     k[(2,)](d0, d1, 64, BLOCK=32)
     assert len(kernel.c_launches) == 2 and kernel.c_launches[0] == kernel.c_launches[1]
     assert kernel.c_launches[0][13] == ("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1))
@@ -393,13 +394,13 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
     monkeypatch.setattr(launch.CachedLaunch, "launch", checking)
     original_template = launch.Template.__call__
 
-    def checking_template(self, *values):  # a call site's template (matmul's plans): the JIT's kernel too
-        ck = original_template(self, *values)
+    def checking_template(self, grid, *values):  # a call site's template (matmul's plans): the JIT's kernel too
+        ck = original_template(self, grid, *values)
         if launch.ENABLED and self.remembers and ck is not None:
             args = list(self.args)
             for i, v in zip(self.slots, values):
                 args[i] = v
-            want = self.kernel.jit.run(*launch._built(args), grid=self.grid, warmup=True, **self.meta)
+            want = self.kernel.jit.run(*launch._built(args), grid=grid, warmup=True, **self.meta)
             assert want is ck, self.kernel.jit.fn.__name__
             checked.append("template " + self.kernel.jit.fn.__name__)
         return ck

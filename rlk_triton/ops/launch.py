@@ -36,11 +36,11 @@ shape (another Triton) keeps the JIT's launcher: the same bits, only slower. Cal
 `host_descriptor(kernel, tensor, block_shape)`: for a cached kernel a `Descriptor` that is built into
 Triton's TensorDescriptor only when the JIT, Triton's launcher or a new map needs the object.
 
-A call site that repeats one shape can fix its launch once: `Template(kernel, grid, args, meta)` with
-SLOT at the positions each call gives (matmul's plans: the tensors). A call then binds the SLOTs'
-values only; the rest of the signature was taken when the template was made. It remembers, per
-(device, SLOT signature), the entry the kernel's own launch made for the full arguments: the same
-kernel, the same bits.
+A call site that repeats its shapes can fix its launch once per shape: `Template(kernel, args, meta)`
+with SLOT at the positions each call gives (the tensors, and whatever else varies), kept per shape by
+`planned`. A call then binds the SLOTs' values only; the rest of the signature was taken when the
+template was made. It remembers, per (device, SLOT signature), the entry the kernel's own launch made
+for the full arguments: the same kernel, the same bits.
 
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
@@ -311,35 +311,34 @@ SLOT = object()  # a Template's positional argument that each call gives
 
 
 class Template:
-    """`kernel[grid](*args, **meta)` with the grid, the keyword arguments and every positional argument
-    but the SLOTs fixed; a call gives the SLOTs' values in order: `template(*values)`.
+    """`kernel[grid](*args, **meta)` with the keyword arguments and every positional argument but the
+    SLOTs fixed; a call gives the grid and the SLOTs' values in order: `template(grid, *values)`.
 
-    A call site that repeats one shape (a decode step's matmul) builds it once and pays, per call, for
+    A call site that repeats its shapes (a decode step) builds one per shape and pays, per call, for
     the facts of its SLOT values only: the fixed arguments' facts and the keyword arguments' key were
-    taken once, and with them fixed the SLOTs' signature decides the full one. So the kernel it
-    remembers per (device, SLOT signature) is the one the kernel's own launch remembers for the full
-    arguments, which a first call asks it for (CachedLaunch.launch: the JIT's kernel, the same bits).
-    Whatever the kernel's launch would not remember (a hook, the cache off, an argument type bind
-    does not know) takes the kernel's launch on every call."""
+    taken once, and with them fixed the SLOTs' signature decides the full one (the grid is no fact of
+    the kernel's). So the kernel it remembers per (device, SLOT signature) is the one the kernel's own
+    launch remembers for the full arguments, which a first call asks it for (CachedLaunch.launch: the
+    JIT's kernel, the same bits). Whatever the kernel's launch would not remember (a hook, the cache
+    off, a callable grid, an argument type bind does not know) takes the kernel's launch every call.
+    A template holds no tensor: SLOTs are where the tensors go."""
 
-    def __init__(self, kernel, grid, args: tuple, meta: dict):
+    def __init__(self, kernel, args: tuple, meta: dict):
         self.kernel, self.meta, self.args = kernel, dict(meta), tuple(args)
-        self.grid = tuple(grid) if not callable(grid) else grid
         self.slots = tuple([i for i, a in enumerate(args) if a is SLOT])
         fixed = bind(tuple([a for a in args if a is not SLOT]))
-        self.remembers = (type(kernel) is CachedLaunch and fixed is not None and not callable(grid)
+        self.remembers = (type(kernel) is CachedLaunch and fixed is not None
                           and all(type(v) in _META_TYPES and v == v for v in meta.values()))
         if self.remembers:
             passed = iter(fixed[1])
             self.passed = [None if a is SLOT else next(passed) for a in args]
             self.meta_key = tuple(self.meta.items())
-            n = len(self.grid)
-            self.grid3 = (self.grid[0], self.grid[1] if n > 1 else 1, self.grid[2] if n > 2 else 1)
         self.entries = {}
 
-    def __call__(self, *values):
-        remember = self.remembers and ENABLED and not _hooked()
-        bound = bind(values) if remember else None
+    def __call__(self, grid, *values):
+        bound = None
+        if self.remembers and ENABLED and type(grid) is tuple and not _hooked():
+            bound = bind(values)
         if bound is not None:
             device = torch.cuda.current_device()
             entry = self.entries.get((device, bound[0]))
@@ -347,20 +346,36 @@ class Template:
                 passed = self.passed.copy()
                 for i, v in zip(self.slots, bound[1]):
                     passed[i] = v
-                gx, gy, gz = self.grid3
-                CachedLaunch._run(entry, gx, gy, gz, device, tuple(passed))
+                n = len(grid)
+                CachedLaunch._run(entry, grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, device,
+                                  tuple(passed))
                 return entry[0]
         args = list(self.args)
         for i, v in zip(self.slots, values):
             args[i] = v
         if type(self.kernel) is not CachedLaunch:  # the interpreter's kernel
-            return self.kernel[self.grid](*args, **self.meta)
-        kernel = self.kernel.launch(self.grid, tuple(args), self.meta)
+            return self.kernel[grid](*args, **self.meta)
+        kernel = self.kernel.launch(grid, tuple(args), self.meta)
         if bound is not None:  # the entry the kernel's launch made or used for these arguments, if any
             entry = self.kernel._entries.get((device, signature(args), self.meta_key))
             if entry is not None:
                 self.entries[(device, bound[0])] = entry
         return kernel
+
+
+PLANS_MAX = 1024  # plans kept per call site; a call site's plans are all dropped when it has this many
+
+
+def planned(plans: dict, key, make, *args):
+    """plans[key], made by make(*args) on the first call with that key: a call site's per-shape
+    decision (its Templates and grid arithmetic), bounded by PLANS_MAX. The key must hold every fact
+    make reads from args."""
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= PLANS_MAX:
+            plans.clear()
+        plan = plans[key] = make(*args)
+    return plan
 
 
 def cdiv(x: int, y: int) -> int:

@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import SLOT, Template, cached, cdiv, host_descriptor
+from .launch import SLOT, Template, cached, cdiv, host_descriptor, planned
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -347,17 +347,12 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     c = c_in if c_in is not None else out
     key = (cfg, fold_k, c_in is None, bias is None, a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(),
            out.stride(), c.stride())
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = _Plan(a, b, out, c, c_in is not None, bias is not None, cfg, fold_k)
+    plan = planned(_PLANS, key, _Plan, a, b, out, c, c_in is not None, bias is not None, cfg, fold_k)
     plan(a, b, out, c, bias if bias is not None else out)
     return out
 
 
-_PLANS: dict = {}
-_PLANS_MAX = 1024
+_PLANS: dict = {}  # matmul_into's _Plan per key (launch.planned)
 
 
 class _Plan:
@@ -379,17 +374,18 @@ class _Plan:
         self.a_block = (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)
         self.b_block = (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)
         self.tma = None
+        self.grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
         if cfg.persistent_tma and tma_layout(a_rows) and tma_layout(b_rows) and out.stride(1) == 1 \
                 and c.stride(1) == 1:
-            n_progs = persistent_programs(a.device, cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n))
+            n_progs = persistent_programs(a.device, self.grid[0])
+            self.tma_grid = (n_progs,)
             self.tma = Template(
-                _matmul_desc_kernel, (n_progs,),
-                (SLOT, SLOT, SLOT, c.stride(0), SLOT, out.stride(0), SLOT, M, N, K, n_progs),
+                _matmul_desc_kernel, (SLOT, SLOT, SLOT, c.stride(0), SLOT, out.stride(0), SLOT, M, N, K, n_progs),
                 dict(ACCUMULATE=accumulate, HAS_BIAS=has_bias, UPCAST=upcast, IEEE=ieee, B_T=b_t,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                      FOLD_K=fold_k, A_T=a_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         self.pointers = Template(
-            _matmul_kernel, (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),),
+            _matmul_kernel,
             (SLOT, a.stride(0), a.stride(1), SLOT, b.stride(0), b.stride(1), SLOT, c.stride(0), c.stride(1),
              SLOT, out.stride(0), out.stride(1), SLOT, M, N, K),
             dict(ACCUMULATE=accumulate, HAS_BIAS=has_bias, UPCAST=upcast, IEEE=ieee, EVEN_K=K % cfg.block_k == 0,
@@ -400,10 +396,10 @@ class _Plan:
         """bias: the bias, or any tensor when the plan has none (the kernel reads it only with HAS_BIAS)."""
         if self.tma is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16):
             kernel = self.tma.kernel
-            self.tma(host_descriptor(kernel, a.t() if self.a_t else a, self.a_block),
+            self.tma(self.tma_grid, host_descriptor(kernel, a.t() if self.a_t else a, self.a_block),
                      host_descriptor(kernel, b.t() if self.b_t else b, self.b_block), c, out, bias)
         else:
-            self.pointers(a, b, c, out, bias)
+            self.pointers(self.grid, a, b, c, out, bias)
 
 
 # ---- the public op: torch.library custom ops with autograd ----

@@ -36,7 +36,7 @@ from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
 from .dispatch import autograd_op, direct, wants_grad
-from .launch import cached, cdiv, next_power_of_2
+from .launch import SLOT, Template, cached, cdiv, next_power_of_2, planned
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = interpreter_active()
@@ -245,27 +245,38 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
     rstd = torch.empty(N, dtype=torch.float32, device=x.device)
     if N == 0:
         return y, res_out, rstd
+    has_res = residual is not None
+    key = (H, x.stride(0), residual.stride(0) if has_res else None, x.dtype, x.device, cfg, rows_per_program)
+    rows, template = planned(_FORWARD_PLANS, key, _forward_plan, x, residual, cfg, rows_per_program)
+    if rows:
+        template((cdiv(N, rows),), x, residual if has_res else x, weight, y, res_out if has_res else y, rstd, N,
+                 float(eps), float(weight_offset))
+    else:
+        template((N,), x, residual if has_res else x, weight, y, res_out if has_res else y, rstd,
+                 float(eps), float(weight_offset))
+    return y, res_out, rstd
+
+
+_FORWARD_PLANS: dict = {}  # launch_forward's (rows per program or 0, Template) per key (launch.planned)
+
+
+def _forward_plan(x, residual, cfg, rows_per_program):
+    """(rows per program, Template) of the forward for x's H, row strides, dtype and device: the rows
+    kernel when it is used (rows > 1 and one tile covers H), else (0, the one-row kernel). SLOTs: the
+    tensors, eps and weight_offset, and the rows kernel's N."""
+    H = x.shape[1]
     cfg = cfg or _cfg("rmsnorm_fwd", x, H)
     block = hidden_tile(cfg, H)
     has_res = residual is not None
     rows = rows_per_program or _cfg("rmsnorm_fwd_rows", x, H).block_v
+    strides = (x.stride(0), SLOT, residual.stride(0) if has_res else 0, SLOT, SLOT, SLOT, SLOT)
     if rows > 1 and block >= H:
-        _fwd_rows_kernel[(cdiv(N, rows),)](
-            x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
-            y, res_out if has_res else y, rstd,
-            N, H, float(H), float(eps), float(weight_offset),
-            HAS_RESIDUAL=has_res, BLOCK_H=block, ROWS=rows,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        return y, res_out, rstd
-    _fwd_kernel[(N,)](
-        x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0, weight,
-        y, res_out if has_res else y, rstd,
-        H, float(H), float(eps), float(weight_offset),
-        HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return y, res_out, rstd
+        return rows, Template(_fwd_rows_kernel, (SLOT,) + strides + (SLOT, H, float(H), SLOT, SLOT),
+                              dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ROWS=rows,
+                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return 0, Template(_fwd_kernel, (SLOT,) + strides + (H, float(H), SLOT, SLOT),
+                       dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H,
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, with_dres,

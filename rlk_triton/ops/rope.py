@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, as_device, first_id_outside, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, IdRangeError, InputError, LayoutError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv, next_power_of_2
+from .launch import SLOT, Template, cached, cdiv, next_power_of_2, planned
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -120,26 +120,38 @@ def launch(q, k, cos, sin, position_ids, interleaved: bool, inverse: bool):
         position_ids = position_ids.contiguous()
     q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape if k is not None else (0,), dtype=q.dtype, device=q.device)
-    half = cos.shape[1]
     q_rows = T * H
     k_rows = k.shape[0] * k.shape[1] if k is not None else 0
     if q_rows + k_rows == 0 or D == 0:
         return q_out, k_out
-    cfg = configs.lookup("rope", arch_of(q.device), q.dtype, D)
-    block = cfg.block_v
+    key = (H, D, q.stride(), k.shape[1:] if k is not None else None, k.stride() if k is not None else None,
+           cos.shape, q.dtype, q.device, interleaved, inverse)
+    block, template = planned(_PLANS, key, _plan, q, k, cos, interleaved, inverse)
     q_blocks = cdiv(q_rows, block)
     kk = k if k is not None else q
-    grid = (q_blocks + cdiv(k_rows, block),)
-    _rope_kernel[grid](
-        q, kk, q_out, k_out if k is not None else q_out, position_ids, cos, sin,
-        q_rows, k_rows, H, kk.shape[1], q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
-        cos.shape[0], q_blocks,
-        HALF=half, D=D, HALF_PAD=next_power_of_2(max(half, 1)),
-        PASS_PAD=next_power_of_2(D - 2 * half) if D > 2 * half else 0,
-        INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_R=block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    template((q_blocks + cdiv(k_rows, block),), q, kk, q_out, k_out if k is not None else q_out, position_ids, cos,
+             sin, q_rows, k_rows, q_blocks)
     return q_out, k_out
+
+
+_PLANS: dict = {}  # launch's (rows per block, Template) per key (launch.planned)
+
+
+def _plan(q, k, cos, interleaved: bool, inverse: bool):
+    """(rows per block, Template) of the rotation for q's and k's heads, head dim and strides, the
+    tables' shape, the dtype, device and flags. SLOTs: the tensors, the row counts and q's blocks."""
+    H, D = q.shape[1], q.shape[2]
+    half = cos.shape[1]
+    cfg = configs.lookup("rope", arch_of(q.device), q.dtype, D)
+    kk = k if k is not None else q
+    return cfg.block_v, Template(
+        _rope_kernel,
+        (SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, H, kk.shape[1], q.stride(0), q.stride(1),
+         kk.stride(0), kk.stride(1), cos.shape[0], SLOT),
+        dict(HALF=half, D=D, HALF_PAD=next_power_of_2(max(half, 1)),
+             PASS_PAD=next_power_of_2(D - 2 * half) if D > 2 * half else 0,
+             INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_R=cfg.block_v,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 # ---- torch.library custom ops: usable under torch.compile, autograd through register_autograd ----
