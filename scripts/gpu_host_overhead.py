@@ -2,8 +2,10 @@
 eager path with every launch through Triton's JIT (rlk_triton.ops.launch.ENABLED = False, what the
 launch cache replaced), the eager path with host tensor descriptors encoded anew on every launch
 (launch.REMEMBER_DESCRIPTORS = False: Triton's own launcher; the TMA matmuls), the eager path with
-tensors passed to the launcher as tensors (launch.POINTERS_AS_INTS = False) and every call forced
-through the torch.library custom op (the dispatcher path), same process.
+tensors passed to the launcher as tensors (launch.POINTERS_AS_INTS = False), the eager path with each
+call site's templates taking their kernel's launch (launch.TEMPLATES = False: every argument bound
+per call; matmul, rms_norm forward, rope) and every call forced through the torch.library custom op
+(the dispatcher path), same process.
 
     python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
 
@@ -39,6 +41,7 @@ def _path(name: str) -> None:
     launch.ENABLED = name != "no launch cache"
     launch.REMEMBER_DESCRIPTORS = name != "descriptors re-encoded"
     launch.POINTERS_AS_INTS = name != "tensors to the launcher"
+    launch.TEMPLATES = name != "no templates"
 
 
 def _rmsnorm_chain(N: int, H: int, k: int):
@@ -108,7 +111,7 @@ def main() -> int:
             walls = {}
             # eager twice: the first one warms up every path
             for name in ("eager", "no launch cache", "descriptors re-encoded", "tensors to the launcher",
-                         "dispatcher", "eager"):
+                         "no templates", "dispatcher", "eager"):
                 _path(name)
                 walls[name] = timing.wall_ms(bound.rlk, device="cuda") / k
             _path("no launch cache")  # Triton's own launch of every kernel
@@ -119,6 +122,7 @@ def main() -> int:
                    "wall_eager_no_launch_cache_ms": walls["no launch cache"],
                    "wall_eager_descriptors_reencoded_ms": walls["descriptors re-encoded"],
                    "wall_eager_tensors_to_the_launcher_ms": walls["tensors to the launcher"],
+                   "wall_eager_no_templates_ms": walls["no templates"],
                    "launch_cache_bitwise": len(got) == len(want) and all(
                        torch.equal(a, b) for a, b in zip(want, got)),
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
@@ -144,7 +148,7 @@ def main() -> int:
             report["rows"].append(row)
             print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
                   f"{walls['no launch cache']:8.4f}  re-encoded {walls['descriptors re-encoded']:8.4f}  tensors "
-                  f"{walls['tensors to the launcher']:8.4f}  dispatcher "
+                  f"{walls['tensors to the launcher']:8.4f}  no templates {walls['no templates']:8.4f}  dispatcher "
                   f"{walls['dispatcher']:8.4f}  target {_target_ms(dev):8.4f}"
                   + (f"  torch eager {row['torch_eager_wall_ms']:.4f}" if "torch_eager_wall_ms" in row else "")
                   + (f"  backward on the caller {row['wall_eager_backward_on_caller_ms']:.4f}"

@@ -334,6 +334,13 @@ def test_a_template_takes_the_kernels_launch_when_nothing_may_be_remembered(fake
     t((1,), x)
     t((1,), x)
     assert len(jit.jit_launches) == 9 and len(t.entries) == 1
+    through_the_kernel = []
+    monkeypatch.setattr(launch.CachedLaunch, "launch",
+                        lambda self, grid, args, meta: through_the_kernel.append(args))
+    t((1,), x)  # remembered: the kernel's launch is not asked
+    monkeypatch.setattr(launch, "TEMPLATES", False)
+    t((1,), x)
+    assert through_the_kernel == [(x, 32)]
     interpreted = _Jit()  # not a CachedLaunch (the interpreter's kernel): its own launch, every call
     t = launch.Template(interpreted, (launch.SLOT, 32), {"BLOCK": 128})
     t((2,), x)

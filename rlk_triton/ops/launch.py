@@ -74,6 +74,7 @@ except ImportError:  # pragma: no cover - a triton without host descriptors: suc
 
 ENABLED = os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"
 POINTERS_AS_INTS = os.environ.get("RLK_LAUNCH_POINTERS_AS_INTS", "1") != "0"  # off: tensors to the launcher (bind)
+TEMPLATES = os.environ.get("RLK_LAUNCH_TEMPLATES", "1") != "0"  # off: a Template takes its kernel's launch
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = 1 << 63
@@ -337,7 +338,7 @@ class Template:
 
     def __call__(self, grid, *values):
         bound = None
-        if self.remembers and ENABLED and type(grid) is tuple and not _hooked():
+        if self.remembers and ENABLED and TEMPLATES and type(grid) is tuple and not _hooked():
             bound = bind(values)
         if bound is not None:
             device = torch.cuda.current_device()
