@@ -35,13 +35,13 @@ import torch  # noqa: E402
 
 torch.cuda.current_device = lambda: 0  # CachedLaunch keys its entries by it
 
-from rlk_triton import native  # noqa: E402
+from rlk_triton import configs, native  # noqa: E402
 
 from rlk_triton.attention import attention_decode  # noqa: E402
 from rlk_triton.logp import selected_logp  # noqa: E402
 from rlk_triton.losses import policy_loss  # noqa: E402
 from rlk_triton.ops.embedding import embedding  # noqa: E402
-from rlk_triton.ops.matmul import matmul  # noqa: E402
+from rlk_triton.ops.matmul import matmul, matmul_into  # noqa: E402
 from rlk_triton.ops.rmsnorm import rms_norm  # noqa: E402
 from rlk_triton.ops.rope import apply_rope  # noqa: E402
 from rlk_triton.ops.swiglu import swiglu  # noqa: E402
@@ -147,6 +147,8 @@ def calls():
         def selected_logp_fwd(cls, *args):
             return cls.slp
 
+    mm_out = torch.empty(8, 4096, dtype=bf)  # the GPU's path: sm90's config at M 8 takes the descriptor kernel
+    sm90_small_m = configs.lookup_matmul("matmul", "sm90", bf, rows=8, cols=4096)
     native.load = lambda op: NativeStandIn
     native.usable = lambda op, device: (True, None)
     return {
@@ -155,6 +157,8 @@ def calls():
         "rms_norm fwd+bwd [8 x 4096]": rms_fwd_bwd,
         "swiglu fwd [8 x 14336]": lambda: swiglu(gate, up),
         "matmul [8 x 4096] @ [4096 x 4096]^T": lambda: matmul(x, W.t()),
+        "matmul_into [8 x 4096] @ [4096 x 4096]^T, sm90 config (descriptors)": lambda: matmul_into(
+            x, W.t(), mm_out, cfg=sm90_small_m),
         "embedding fwd 8 ids": lambda: embedding(ids, E),
         "apply_rope 8 tokens, 32 + 8 heads": lambda: apply_rope(q, k, cos, sin, pos),
         "selected_logp [1 x 151936]": lambda: selected_logp(logits, target),
