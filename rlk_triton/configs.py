@@ -406,8 +406,7 @@ class _Table(dict):
 
     @staticmethod
     def _changed():
-        _MEMO.clear()
-        table_arch.cache_clear()
+        forget()
 
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
@@ -449,6 +448,24 @@ class _Table(dict):
 # emptied on every change of the table and when it grows past _MEMO_MAX (row counts are arguments).
 _MEMO: dict = {}
 _MEMO_MAX = 4096
+_PLAN_STORES: list = []  # the ops' per-shape plans (plan_store): made from table rows, emptied with the memo
+
+
+def plan_store() -> dict:
+    """A dict for one call site's per-shape plans (ops.launch.planned), which hold configs looked up
+    from the table: emptied, like the lookups' memo, on every change of the table."""
+    store: dict = {}
+    _PLAN_STORES.append(store)
+    return store
+
+
+def forget() -> None:
+    """Empties the lookups' memo and every plan store: the next call of each op looks its rows up
+    again (the table changed, or a test wraps a lookup function to see what an op reads)."""
+    _MEMO.clear()
+    table_arch.cache_clear()
+    for store in _PLAN_STORES:
+        store.clear()
 
 
 def _memo(fn):

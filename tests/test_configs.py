@@ -112,3 +112,16 @@ def test_lookups_follow_every_change_of_the_table(monkeypatch):
         configs.LOCKED_CONFIGS.update(saved)
     assert configs.lookup_attention("attention_fwd", "interpreter", torch.bfloat16, 64) is old_att
     assert configs.LOCKED_CONFIGS == saved
+
+
+def test_a_change_of_the_table_empties_the_plan_stores(monkeypatch):
+    """Ops keep per-shape plans made from table rows (ops.launch.planned): a changed row must reach the
+    next call, as it reaches the lookups' memo."""
+    store = configs.plan_store()
+    store["a shape"] = "a plan"
+    key = next(iter(configs.LOCKED_CONFIGS))
+    monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LOCKED_CONFIGS[key])
+    assert not store
+    store["a shape"] = "a plan"
+    configs.forget()
+    assert not store

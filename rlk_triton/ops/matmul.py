@@ -352,7 +352,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c_in: Optio
     return out
 
 
-_PLANS: dict = {}  # matmul_into's _Plan per key (launch.planned)
+_PLANS = configs.plan_store()  # matmul_into's _Plan per key (launch.planned)
 
 
 class _Plan:

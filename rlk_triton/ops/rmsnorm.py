@@ -257,7 +257,7 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
     return y, res_out, rstd
 
 
-_FORWARD_PLANS: dict = {}  # launch_forward's (rows per program or 0, Template) per key (launch.planned)
+_FORWARD_PLANS = configs.plan_store()  # launch_forward's (rows per program or 0, Template) per key (launch.planned)
 
 
 def _forward_plan(x, residual, cfg, rows_per_program):

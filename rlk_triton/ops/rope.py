@@ -134,7 +134,7 @@ def launch(q, k, cos, sin, position_ids, interleaved: bool, inverse: bool):
     return q_out, k_out
 
 
-_PLANS: dict = {}  # launch's (rows per block, Template) per key (launch.planned)
+_PLANS = configs.plan_store()  # launch's (rows per block, Template) per key (launch.planned)
 
 
 def _plan(q, k, cos, interleaved: bool, inverse: bool):

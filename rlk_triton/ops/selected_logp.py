@@ -29,7 +29,7 @@ from .. import configs, native
 from .._runtime import arch_of
 from .reduction import log_of_sum, merge_all_softmax_states, online_softmax_tile
 from .dispatch import autograd_op, direct, wants_grad
-from .launch import cached, cdiv, next_power_of_2
+from .launch import SLOT, Template, cached, cdiv, next_power_of_2, planned
 
 
 @triton.jit
@@ -280,31 +280,45 @@ def launch_forward(logits, target_ids, row_index, temperature, temperature_rows,
         for out in (logp, entropy, row_max, row_logsum):
             out.fill_(float("nan"))
         return logp, entropy, row_max, row_logsum
-    V = logits.shape[-1]
-    cfg = _config("selected_logp_fwd", logits)
-    split = _config("selected_logp_chunk", logits)
-    if split.block_v % cfg.block_v:
-        raise AssertionError(f"locked chunk {split.block_v} is not a multiple of the tile {cfg.block_v}")
-    n_chunks = chunk_count(V, split.block_v)
-    finish = n_chunks == 1  # one chunk: its state is the row's (merging it into the empty state is exact)
-    # chunk states (m, s, t): t only with entropy; FINISH writes none (any pointer: not read)
-    states = logp if finish else torch.empty((3 if with_entropy else 2, n, n_chunks), dtype=torch.float32, device=dev)
     lg, so, si, inner = row_layout(logits)
     t_ptr, t_val, per_row = _temperature_args(temperature, temperature_rows, logp)
-    args = (lg, so, si, inner,
-            target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
-            logp, entropy if with_entropy else logp, row_max, row_logsum, states,
-            V, ignore_index, n, n_chunks, rows)
-    flags = dict(HAS_ROW_INDEX=row_index is not None, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy)
-    _fwd_kernel[(n, n_chunks)](
-        *args, **flags, FINISH=finish, BLOCK_V=cfg.block_v, CHUNK_V=split.block_v,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if not finish:
-        _fwd_merge_kernel[(cdiv(n, MERGE_ROWS),)](
-            *args, **flags, BLOCK_ROWS=MERGE_ROWS, CHUNKS=next_power_of_2(n_chunks), num_warps=split.num_warps,
-        )
+    key = (logits.shape[-1], so, si, inner, logits.dtype, dev, row_index is not None, per_row, with_entropy)
+    plan = planned(_FORWARD_PLANS, key, _ForwardPlan, logits, key)
+    # chunk states (m, s, t): t only with entropy; FINISH writes none (any pointer: not read)
+    states = logp if plan.finish else torch.empty((3 if with_entropy else 2, n, plan.n_chunks), dtype=torch.float32,
+                                                  device=dev)
+    values = (lg, target_ids, row_index if row_index is not None else target_ids, t_ptr, t_val,
+              logp, entropy if with_entropy else logp, row_max, row_logsum, states, ignore_index, n, rows)
+    plan.chunks((n, plan.n_chunks), *values)
+    if not plan.finish:
+        plan.merge((cdiv(n, MERGE_ROWS),), *values)
     return logp, entropy, row_max, row_logsum
+
+
+_FORWARD_PLANS = configs.plan_store()  # launch_forward's _ForwardPlan per key (launch.planned)
+
+
+class _ForwardPlan:
+    """launch_forward's decision for one key (V, the logits' row layout, dtype, device and flags): the
+    chunk count and the Templates of the chunk kernel and the merge kernel. SLOTs: the tensors, the
+    temperature, ignore_index, the scored rows and the logits' rows."""
+
+    def __init__(self, logits, key):
+        V, so, si, inner, _, _, has_row_index, per_row, with_entropy = key
+        cfg = _config("selected_logp_fwd", logits)
+        split = _config("selected_logp_chunk", logits)
+        if split.block_v % cfg.block_v:
+            raise AssertionError(f"locked chunk {split.block_v} is not a multiple of the tile {cfg.block_v}")
+        self.n_chunks = chunk_count(V, split.block_v)
+        self.finish = self.n_chunks == 1  # one chunk: its state is the row's (merging it into the empty state is exact)
+        args = (SLOT, so, si, inner, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, V, SLOT, SLOT, self.n_chunks,
+                SLOT)
+        flags = dict(HAS_ROW_INDEX=has_row_index, PER_ROW_TEMPERATURE=per_row, WITH_ENTROPY=with_entropy)
+        self.chunks = Template(_fwd_kernel, args, flags | dict(
+            FINISH=self.finish, BLOCK_V=cfg.block_v, CHUNK_V=split.block_v, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages))
+        self.merge = Template(_fwd_merge_kernel, args, flags | dict(
+            BLOCK_ROWS=MERGE_ROWS, CHUNKS=next_power_of_2(self.n_chunks), num_warps=split.num_warps))
 
 
 def launch_backward(grad_logp, grad_entropy, logits, target_ids, row_index, temperature,
