@@ -48,7 +48,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active
 from .matmul import INTERPRETED_DOT, mma, mma_new, operand_flags
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv
+from .launch import SLOT, Template, cached, cdiv, planned
 
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -688,22 +688,39 @@ def launch_decode(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q,
     lse = torch.empty((Hq, N), dtype=torch.float32, device=q.device)
     if N == 0 or B == 0:
         return out, lse
+    n_pages = k_cache.shape[0]
+    max_pages = block_table.shape[1] if n_pages else 0  # no page to read: every length clamps to 0
+    key = (q.shape[1:], q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), block_table.stride(0), B,
+           max_seqlen_q, q.dtype, q.device, cfg)
+    grid, template = planned(_DECODE_PLANS, key, _decode_plan, q, k_cache, v_cache, block_table, B, max_seqlen_q, cfg)
+    template(grid, q, k_cache, v_cache, out, lse, cu_seqlens_q, cache_seqlens, block_table, out.stride(0),
+             out.stride(1), lse.stride(0), scale * LOG2E, N, max_pages)
+    return out, lse
+
+
+_DECODE_PLANS = configs.plan_store()  # launch_decode's (grid, Template) per key (launch.planned)
+
+
+def _decode_plan(q, k_cache, v_cache, block_table, B: int, max_seqlen_q: int, cfg):
+    """(grid, Template) of attention_decode for the heads, head dim and strides of q and the caches,
+    the block table's row stride, the sequences, the longest new-token run, dtype, device and config.
+    SLOTs: the tensors (cu_seqlens_q may be None: a signature fact, as in any launch), out's strides
+    (empty_like keeps q's layout only where q is dense), lse's head stride (the token count), the
+    scale, the token count and the block table's width."""
+    Hq, D = q.shape[1], q.shape[2]
     group = Hq // k_cache.shape[2]
     cfg = cfg or configs.lookup_decode(arch_of(q.device), q.dtype, D, B * k_cache.shape[2], max_seqlen_q * group)
     heads = decode_heads(cfg, group)
     upcast, ieee = operand_flags(q.dtype)
-    grid = (max(1, cdiv(max_seqlen_q * heads, cfg.block_m)), B, Hq // heads)
-    n_pages = k_cache.shape[0]
-    max_pages = block_table.shape[1] if n_pages else 0  # no page to read: every length clamps to 0
-    _decode_kernel[grid](
-        q, k_cache, v_cache, out, lse, cu_seqlens_q, cache_seqlens, block_table,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), lse.stride(0),
-        block_table.stride(0), k_cache.shape[1], scale * LOG2E, N, n_pages, max_pages,
-        GROUP=group, HEADS=heads, HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PAGE_AHEAD=cfg.page_ahead, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return out, lse
+    return (max(1, cdiv(max_seqlen_q * heads, cfg.block_m)), B, Hq // heads), Template(
+        _decode_kernel,
+        (SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT, SLOT,
+         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), SLOT, SLOT, SLOT,
+         block_table.stride(0), k_cache.shape[1], SLOT, SLOT, k_cache.shape[0], SLOT),
+        dict(GROUP=group, HEADS=heads, HEAD_DIM=D, UPCAST=upcast, IEEE=ieee,
+             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PAGE_AHEAD=cfg.page_ahead, num_warps=cfg.num_warps,
+             num_stages=cfg.num_stages))
 
 
 def launch_backward(dout, dlse, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, causal):
