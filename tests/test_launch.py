@@ -303,6 +303,9 @@ def test_a_template_launches_what_the_kernels_launch_would(fake_cuda):
     assert len(jit.jit_launches) == 2 and len(t.entries) == 2
     other = launch.Template(k, (launch.SLOT, 33), {"BLOCK": 128, "num_warps": 4})  # a fixed int's facts
     assert other((4,), x) is not first and len(jit.jit_launches) == 3
+    for wrong in ((), (x, y)):
+        with pytest.raises(TypeError, match="1 SLOT values"):
+            t((4,), *wrong)
 
 
 def test_a_template_of_a_cuda_tensor_passes_its_address(fake_cuda):

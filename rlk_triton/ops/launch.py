@@ -337,6 +337,8 @@ class Template:
         self.entries = {}
 
     def __call__(self, grid, *values):
+        if len(values) != len(self.slots):
+            raise TypeError(f"this launch template takes {len(self.slots)} SLOT values, got {len(values)}")
         bound = None
         if self.remembers and ENABLED and TEMPLATES and type(grid) is tuple and not _hooked():
             bound = bind(values)
