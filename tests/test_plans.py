@@ -1,0 +1,68 @@
+"""Per-shape plans (ops.launch.planned): a call answered from a warm plan store gives the bits of the
+same call with every store emptied (configs.forget), across calls that share shapes but not strides,
+flags or runtime values (eps, temperature, row counts): a plan's key holds every fact it was made from."""
+import torch
+
+from rlk_triton import configs
+from rlk_triton._runtime import arch_of
+from rlk_triton.attention import attention_decode
+from rlk_triton.logp import selected_logp
+from rlk_triton.ops.matmul import matmul
+from rlk_triton.ops.rmsnorm import rms_norm
+from rlk_triton.ops.rope import apply_rope, rope_tables
+
+
+def _calls(device):
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    a, wide, w, bias = randn(5, 32), randn(5, 48), randn(24, 32), randn(24)
+    x, xwide, rw, res = randn(6, 32), randn(6, 48), randn(32), randn(6, 32)
+    cos, sin = rope_tables(64, 16, device=device)
+    qkv = randn(5, 8, 16)  # a fused q / k / v buffer: q and k are strided views into it
+    q, k, pos = randn(5, 4, 16), randn(5, 2, 16), torch.tensor([0, 3, 7, 9, 63], device=device)
+    logits, target = randn(3, 100), torch.tensor([1, 50, 99], device=device)
+    page = configs.lookup_decode(arch_of(torch.device(device)), torch.float32, 16).block_n  # one KV block a page
+    kc, vc, qd, qwide = randn(4, page, 2, 16), randn(4, page, 2, 16), randn(2, 4, 16), randn(2, 8, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    lens = torch.tensor([page + 3, 5], dtype=torch.int32, device=device)
+    return [
+        lambda: attention_decode(qd, kc, vc, table, lens),
+        lambda: attention_decode(qwide[:, :4], kc, vc, table, lens),  # q's token stride 128
+        lambda: attention_decode(qd[:1], kc, vc, table[:1], lens[:1]),  # one sequence
+        lambda: attention_decode(qd, kc, vc, table[:, :1], torch.minimum(lens, torch.full_like(lens, page))),
+        lambda: matmul(a, w.t()),
+        lambda: matmul(wide[:, :32], w.t()),  # a's row stride 48
+        lambda: matmul(a, w.t().contiguous()),  # b row-major
+        lambda: matmul(a[:3], w.t(), bias),  # fewer rows, a bias
+        lambda: rms_norm(x, rw),
+        lambda: rms_norm(xwide[:, :32], rw, eps=1e-3),
+        lambda: rms_norm(x, rw, residual=res, weight_offset=1.0),
+        lambda: rms_norm(x[:2], rw),
+        lambda: apply_rope(q, k, cos, sin, pos),
+        lambda: apply_rope(qkv[:, :4], qkv[:, 4:6], cos, sin, pos),
+        lambda: apply_rope(qkv[:, :4], k, cos, sin, pos),  # q's strides only
+        lambda: apply_rope(q, None, cos, sin, pos),
+        lambda: apply_rope(q[:2], k[:2], cos, sin, pos[:2], interleaved=True),
+        lambda: selected_logp(logits, target),
+        lambda: selected_logp(logits.view(1, 3, 100), target.view(1, 3), temperature=0.7, return_entropy=True),
+        lambda: selected_logp(logits[:1], target[:1], ignore_index=1),
+    ]
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out if o is not None for t in _flat(o)]
+
+
+def test_warm_plans_give_the_bits_of_cold_ones(device):
+    calls = _calls(device)
+    configs.forget()
+    warm = [_flat(call()) for call in calls for _ in range(2)][1::2]  # each call's second run: from its plan
+    for call, got in zip(calls, warm):
+        configs.forget()
+        want = _flat(call())
+        assert len(got) == len(want) and all(torch.equal(x, y) for x, y in zip(got, want))
