@@ -278,8 +278,7 @@ class CachedLaunch:
         entry = self._entries.get(key)
         if entry is None:
             return self._first(grid, args, meta, key)
-        n = len(grid)
-        self._run(entry, grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, device, passed)
+        self._run(entry, grid, device, passed)
         return entry[0]
 
     def _first(self, grid, args, meta, key):
@@ -297,9 +296,11 @@ class CachedLaunch:
         return kernel
 
     @staticmethod
-    def _run(entry, gx, gy, gz, device, passed):
-        """A remembered kernel's launch with the arguments as bind passes them."""
+    def _run(entry, grid, device, passed):
+        """A remembered kernel's launch on a grid of 1-3 dims with the arguments as bind passes them."""
         kernel, run, function, packed, tail, with_descriptors, by_maps = entry
+        n = len(grid)
+        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         if by_maps is not None and REMEMBER_DESCRIPTORS:
             by_maps(gx, gy, gz, stream_handle(device), function, packed, passed + tail)
         else:
@@ -349,9 +350,7 @@ class Template:
                 passed = self.passed.copy()
                 for i, v in zip(self.slots, bound[1]):
                     passed[i] = v
-                n = len(grid)
-                CachedLaunch._run(entry, grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, device,
-                                  tuple(passed))
+                CachedLaunch._run(entry, grid, device, tuple(passed))
                 return entry[0]
         args = list(self.args)
         for i, v in zip(self.slots, values):

@@ -248,12 +248,11 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
     has_res = residual is not None
     key = (H, x.stride(0), residual.stride(0) if has_res else None, x.dtype, x.device, cfg, rows_per_program)
     rows, template = planned(_FORWARD_PLANS, key, _forward_plan, x, residual, cfg, rows_per_program)
-    if rows:
-        template((cdiv(N, rows),), x, residual if has_res else x, weight, y, res_out if has_res else y, rstd, N,
-                 float(eps), float(weight_offset))
+    tensors = (x, residual if has_res else x, weight, y, res_out if has_res else y, rstd)
+    if rows:  # the rows kernel takes N after the tensors
+        template((cdiv(N, rows),), *tensors, N, float(eps), float(weight_offset))
     else:
-        template((N,), x, residual if has_res else x, weight, y, res_out if has_res else y, rstd,
-                 float(eps), float(weight_offset))
+        template((N,), *tensors, float(eps), float(weight_offset))
     return y, res_out, rstd
 
 
