@@ -339,6 +339,39 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
         Differentiable w.r.t. q and k (the backward is the inverse rotation); the tables and
         position ids are not differentiated.
     """
+    if _packed_and_valid(q, k, cos, sin, position_ids):  # the common case in one pass (host time)
+        q3, k3, flat_pos = q, k, position_ids if position_ids.is_contiguous() else position_ids.contiguous()
+    else:
+        q3, k3, flat_pos = _checked(q, k, cos, sin, position_ids)
+    bad = first_id_outside(flat_pos, 0, cos.shape[0]) if validate else None  # the one host sync of validation
+    if bad is not None:
+        raise IdRangeError("position_ids", f"position {bad[1]} at flat position {bad[0]} is outside "
+                           f"the tables [0, {cos.shape[0]})")
+    q_rot, k_rot = call_rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
+    return shaped(q_rot, q.shape), (shaped(k_rot, k.shape) if k is not None else None)
+
+
+# ---- validation: typed errors that name the argument ----
+
+def _packed_and_valid(q, k, cos, sin, position_ids) -> bool:
+    """Packed tokens (q, k [T, heads, D], position_ids [T]) that pass every check of _checked: what a
+    decode step passes, checked with fewer calls. False sends the call through _checked, which raises
+    the typed error or passes (other layouts)."""
+    return (isinstance(q, torch.Tensor) and q.dim() == 3 and q.dtype in SUPPORTED_DTYPES
+            and (q.stride(2) == 1 or q.shape[2] <= 1) and (q.is_cuda or (q.is_cpu and _INTERPRETED))
+            and (k is None or (isinstance(k, torch.Tensor) and k.dim() == 3 and k.dtype == q.dtype
+                               and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
+                               and (k.stride(2) == 1 or k.shape[2] <= 1) and k.device == q.device))
+            and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype == torch.float32
+            and sin.dtype == torch.float32 and cos.dim() == 2 and cos.shape == sin.shape
+            and 2 * cos.shape[1] <= q.shape[2] and cos.device == q.device and sin.device == q.device
+            and isinstance(position_ids, torch.Tensor) and position_ids.dtype in INDEX_DTYPES
+            and position_ids.dim() == 1 and position_ids.shape[0] == q.shape[0] and position_ids.device == q.device)
+
+
+def _checked(q, k, cos, sin, position_ids):
+    """apply_rope's argument checks, each with its typed error naming the argument. Returns q and k
+    as [tokens, heads, D] (views where the strides allow) and the position ids flat and dense."""
     q3, lead = _check_heads("q", q, None, None)
     k3 = None
     if k is not None:
@@ -355,16 +388,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, si
                          f" (q {tuple(q.shape)})")
     if position_ids.device != q.device:
         raise DeviceError("position_ids", f"on {position_ids.device}, q on {q.device}")
-    flat_pos = position_ids.reshape(-1).contiguous()
-    bad = first_id_outside(flat_pos, 0, cos.shape[0]) if validate else None  # the one host sync of validation
-    if bad is not None:
-        raise IdRangeError("position_ids", f"position {bad[1]} at flat position {bad[0]} is outside "
-                           f"the tables [0, {cos.shape[0]})")
-    q_rot, k_rot = call_rope_fwd(q3, k3, cos.contiguous(), sin.contiguous(), flat_pos, bool(interleaved))
-    return shaped(q_rot, q.shape), (shaped(k_rot, k.shape) if k is not None else None)
+    return q3, k3, position_ids.reshape(-1).contiguous()
 
-
-# ---- validation: typed errors that name the argument ----
 
 def _check_heads(name, x, q, lead):
     """x as a 3-D [tokens, heads, D] tensor (a view when the strides allow), and its leading shape."""
