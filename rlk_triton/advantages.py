@@ -47,7 +47,7 @@ def gae(rewards, values, mask=None, *, gamma: float, lam: float, bootstrap_value
     for name, x in (("gamma", gamma), ("lam", lam)):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0.0 <= x <= 1.0:
             raise InputError(name, f"must be a number in [0, 1], got {x!r}")
-    m = _mask("mask", mask, rewards.shape, rewards.device)
+    m = _mask("mask", mask, rewards.shape, rewards.device, for_kernel=backend == "triton")
     B = rewards.shape[0]
     boot = None if bootstrap_values is None else _vector("bootstrap_values", bootstrap_values, B, rewards.device)
     _check_tensor_device("rewards", rewards, backend)
@@ -163,7 +163,7 @@ def masked_whiten(values, mask=None, *, shift_mean: bool = True, unbiased: bool 
     """
     _check_backend(backend)
     _float2("values", values)
-    m = _mask("mask", mask, values.shape, values.device)
+    m = _mask("mask", mask, values.shape, values.device, for_kernel=backend == "triton")
     _check_tensor_device("values", values, backend)
     if not isinstance(shift_mean, bool):
         raise InputError("shift_mean", f"must be a bool, got {shift_mean!r}")
@@ -236,7 +236,14 @@ def _float2(name, x, like=None):
             raise DeviceError(name, f"on {x.device}, rewards on {like.device}")
 
 
-def _mask(name, mask, shape, device, validate=True):
+# Mask dtypes the kernels read as they are (each load tests != 0): no conversion launches before the
+# kernel, which for GAE's one launch were two thirds of the host time (issue 20).
+KERNEL_MASK_DTYPES = (torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32)
+
+
+def _mask(name, mask, shape, device, validate=True, for_kernel=False):
+    """The checked mask as uint8 0 / 1, or with for_kernel (what the kernels take) a mask of
+    KERNEL_MASK_DTYPES as it is, contiguous: nonzero is active either way."""
     if mask is None:
         return torch.ones(shape, dtype=torch.uint8, device=device)
     if not torch.is_tensor(mask):
@@ -247,6 +254,8 @@ def _mask(name, mask, shape, device, validate=True):
         raise ShapeError(name, f"shape {tuple(mask.shape)} != {tuple(shape)}")
     if mask.device != device:
         raise DeviceError(name, f"on {mask.device}, expected {device}")
+    if for_kernel and mask.dtype in KERNEL_MASK_DTYPES:
+        return mask.contiguous()
     return (mask != 0).to(torch.uint8).contiguous()
 
 

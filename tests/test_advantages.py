@@ -194,3 +194,21 @@ def test_gae_writes_every_element_and_takes_no_bootstrap_as_zero(device, nan_fil
     for name, a, b in zip(("advantages", "returns"), ref, got):
         assert torch.equal(a, b), name
         assert not b.isnan().any() and (b[~m] == 0).all(), name
+
+
+def test_every_mask_dtype_gives_the_bits_of_a_bool_mask(device):
+    """The kernels read a mask of KERNEL_MASK_DTYPES as it is (nonzero = active) and any other dtype
+    converted: gae's and masked_whiten's bits do not depend on how the caller typed the mask."""
+    from rlk_triton.advantages import KERNEL_MASK_DTYPES, masked_whiten
+
+    r, v, m, boot = _gae_case(3, 300, 9, device)
+    m[1] = False
+    ref_gae = gae(r, v, m, gamma=0.99, lam=0.95, bootstrap_values=boot)
+    ref_white = masked_whiten(r, m)
+    for dtype in KERNEL_MASK_DTYPES + (torch.float64, torch.int16):
+        typed = m.to(dtype)
+        if dtype in (torch.int32, torch.int64, torch.int16):  # nonzero, not only 1, is active (a float mask is 0 / 1)
+            typed = typed * 3
+        got = gae(r, v, typed, gamma=0.99, lam=0.95, bootstrap_values=boot)
+        assert torch.equal(got[0], ref_gae[0]) and torch.equal(got[1], ref_gae[1]), dtype
+        assert torch.equal(masked_whiten(r, typed.t().contiguous().t()), ref_white), dtype  # a strided mask too

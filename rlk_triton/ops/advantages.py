@@ -247,8 +247,9 @@ def _whiten_apply_kernel(val_ptr, mask_ptr, stats_ptr, out_ptr, T, SHIFT_MEAN: t
     tl.store(out_ptr + p, tl.where(act, out, 0.0), mask=inb)
 
 
-def launch_masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: bool, eps: float, eps_on_var: bool):
-    """(whitened [B, T], stats [3] = mean, var, den) fp32. stats: None (computed from the batch) or a
+def launch_masked_whiten(values, mask, stats, shift_mean: bool, unbiased: bool, eps: float, eps_on_var: bool):
+    """(whitened [B, T], stats [3] = mean, var, den) fp32. mask: [B, T], nonzero = active, any dtype the
+    kernels load (advantages.KERNEL_MASK_DTYPES). stats: None (computed from the batch) or a
     [3] fp32 tensor (mean, var, den) given by the caller."""
     B, T = values.shape
     dev = values.device
@@ -261,28 +262,29 @@ def launch_masked_whiten(values, mask_u8, stats, shift_mean: bool, unbiased: boo
             sums = torch.empty(B, dtype=torch.float32, device=dev)
             counts = torch.empty(B, dtype=torch.int32, device=dev)
             for centered in (False, True):
-                _whiten_rows_kernel[(B,)](values, mask_u8, stats, sums, counts, T, CENTERED=centered,
+                _whiten_rows_kernel[(B,)](values, mask, stats, sums, counts, T, CENTERED=centered,
                                           BLOCK_T=block, num_warps=warps)
                 _whiten_fold_kernel[(1,)](sums, counts, stats, B, float(eps), CENTERED=centered, UNBIASED=unbiased,
                                           EPS_ON_VAR=eps_on_var, BLOCK_B=fold, num_warps=fold_warps)
     if B and T:
         block, warps = _locked("rl_policy_loss_bwd", dev)
-        _whiten_apply_kernel[(B, cdiv(T, block))](values, mask_u8, stats, out, T, SHIFT_MEAN=shift_mean,
+        _whiten_apply_kernel[(B, cdiv(T, block))](values, mask, stats, out, T, SHIFT_MEAN=shift_mean,
                                                            BLOCK_T=block, num_warps=warps)
     return out, stats
 
-def launch_gae(rewards, values, mask_u8, bootstrap, gamma: float, lam: float):
-    """bootstrap: [B] fp32, or None for 0 (finished sequences). The kernel writes every element."""
+def launch_gae(rewards, values, mask, bootstrap, gamma: float, lam: float):
+    """mask: [B, T], nonzero = active, any dtype the kernel loads (advantages.KERNEL_MASK_DTYPES);
+    bootstrap: [B] fp32, or None for 0 (finished sequences). The kernel writes every element."""
     B, T = rewards.shape
     # the kernel indexes [B, T] rows with stride T: views are read as their contiguous copies
-    rewards, values, mask_u8 = (x.contiguous() for x in (rewards, values, mask_u8))
+    rewards, values, mask = (x.contiguous() for x in (rewards, values, mask))
     bootstrap = bootstrap.contiguous() if bootstrap is not None else None
     adv = torch.empty_like(rewards)
     ret = torch.empty_like(rewards)
     if B == 0 or T == 0:
         return adv, ret
     block, warps = _locked("gae", rewards.device)
-    _gae_kernel[(B,)](rewards, values, mask_u8, bootstrap, adv, ret, T, T, float(gamma), float(lam),
+    _gae_kernel[(B,)](rewards, values, mask, bootstrap, adv, ret, T, T, float(gamma), float(lam),
                       BLOCK_T=block, num_warps=warps)
     return adv, ret
 
