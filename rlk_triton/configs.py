@@ -113,7 +113,7 @@ _DTYPES = ("bfloat16", "float16", "float32")
 # per pair (max_seqlen_q x the GQA group: a decode step has a few, a prefill chunk many). The
 # matmul's small-M tiles also depend on N (a weight dim, not the batch): how many programs a row of
 # tiles makes.
-M_BUCKETS = (16, 64, 256, None)
+M_BUCKETS = (1, 16, 64, 256, None)
 N_BUCKETS = (4096, None)
 PAIR_BUCKETS = (64, None)
 Q_BUCKETS = (64, None)
@@ -299,7 +299,7 @@ def _matmul_rows():
         # The interpreter's dot sums a K step with np.sum, whose order depends on BLOCK_K: its
         # buckets change BLOCK_M / BLOCK_N only, so CPU tests cross a bucket boundary with equal bits.
         for b in M_BUCKET_NAMES:
-            small = b.startswith("m<=16")
+            small = b.split(",")[0] in ("m<=1", "m<=16")
             t[("matmul", "interpreter", dt, b)] = MatmulConfig(16 if small else 32, 32 if small else 64, 32, 4, 4, 1)
         t[("linear_logp_fwd", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1)
         t[("linear_logp_dlogits", "interpreter", dt, "any")] = MatmulConfig(16, 64, 32, 4, 4, 1, chunk_v=128)
@@ -367,10 +367,17 @@ def _matmul_rows():
 # candidate gave the reference's bits; docs/reports/h200-decode-sweep-2026-12-04.json, then
 # h200-decode-sweep2-2026-12-04.json for M = 8 and M = 256): the best worst-case ratio to cuBLAS over
 # the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row tiles (mma.sync: no 64-row wgmma
-# tile of zeros) through TMA, narrow along N for enough programs, deep along K. The M > 256 rows are
-# _matmul_rows' reference. "cuda" (other archs): the same tiles on pointers.
+# tile of zeros), narrow along N for enough programs, deep along K. One row (a single sequence's
+# decode step) reads the weight through TMA; 2-16 rows at N <= 4096 on pointers, 32 x 256 tiles:
+# at M = 8, N = K = 4096 9.7 us against TMA's 10.6 on the H200 (h200-decode-sweep-2026-12-04.json)
+# and 9.7 against 11.0 on the H100 (h100-decode-matmul-sweep-2026-12-06.json), and no slower at
+# K = 14336 (32.7 against 33.2; 43.2 against 43.2), where at M = 1 pointers lose (15.9 against
+# 12.1 on the H200). The M > 256 rows are _matmul_rows' reference. "cuda" (other archs): the same
+# tiles on pointers.
 _SMALL_M = {"sm90": {
-    "m<=16,n<=4096": MatmulConfig(16, 32, 512, 1, 4, 3, persistent_tma=True),
+    "m<=1,n<=4096": MatmulConfig(16, 32, 512, 1, 4, 3, persistent_tma=True),
+    "m<=1,n>4096": MatmulConfig(16, 64, 256, 1, 4, 4, persistent_tma=True),
+    "m<=16,n<=4096": MatmulConfig(16, 32, 256, 1, 4, 4),
     "m<=16,n>4096": MatmulConfig(16, 64, 256, 1, 4, 4, persistent_tma=True),
     "m<=64,n<=4096": MatmulConfig(64, 32, 128, 1, 4, 4),
     "m<=64,n>4096": MatmulConfig(64, 64, 128, 1, 4, 5, persistent_tma=True),

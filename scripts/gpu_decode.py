@@ -40,7 +40,7 @@ graph_ms = partial(bench.graph_ms, reps=REPS)
 # ---- matmul ----
 
 MM_SHAPES = [(N, K) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096))]
-MM_M = (1, 8, 64, 256)
+MM_M = (1, 8, 16, 64, 256)
 # Candidates per M (the second sweep: the buckets still under 0.8x cuBLAS after the first, at
 # docs/reports/h200-decode-sweep-2026-12-04.json): M = 8's weight read and M = 256 at N > 4096. M = 1
 # and 8 also on pointers: the same bits, about 22-45 us less host time an eager call, device time

@@ -58,9 +58,10 @@ def test_members_keep_the_reduction_order():
 
 
 def test_row_buckets_and_their_boundaries():
-    assert [configs.m_bucket(m) for m in (1, 16, 17, 64, 65, 256, 257, 4096)] == \
-        ["m<=16", "m<=16", "m<=64", "m<=64", "m<=256", "m<=256", "m>256", "m>256"]
+    assert [configs.m_bucket(m) for m in (1, 2, 16, 17, 64, 65, 256, 257, 4096)] == \
+        ["m<=1", "m<=16", "m<=16", "m<=64", "m<=64", "m<=256", "m<=256", "m>256", "m>256"]
     assert [configs.m_bucket(8, n) for n in (1, 4096, 4097)] == ["m<=16,n<=4096", "m<=16,n<=4096", "m<=16,n>4096"]
+    assert configs.m_bucket(1, 4097) == "m<=1,n>4096"
     assert [configs.pair_bucket(p) for p in (1, 64, 65)] == ["pairs<=64", "pairs<=64", "pairs>64"]
     assert [configs.pair_bucket(8, q) for q in (1, 64, 65)] == ["pairs<=64,q<=64", "pairs<=64,q<=64", "pairs<=64,q>64"]
     for arch in ("interpreter", "sm90", "sm80"):
@@ -108,10 +109,12 @@ def test_matmul_members_give_the_reference_bits(device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_rows_invariant_across_buckets(device, dtype):
     """The invariance harness with batches on both sides of every bucket boundary: the probe rows
-    alone (m<=16) and inside batches of every bucket, values and d a rows."""
+    alone (m<=16; one probe row: m<=1) and inside batches of every bucket, values and d a rows."""
     N, K = (48, 40) if device == "cpu" else (4096, 4096)
     sizes = (5, 17, 70) if device == "cpu" else (16, 17, 64, 65, 256, 257, 4096)
     report = check_batch_invariance(matmul_row_op(N, K, dtype, device), probe_rows=3, batch_sizes=sizes)
+    assert report.passed, report.failures()
+    report = check_batch_invariance(matmul_row_op(N, K, dtype, device), probe_rows=1, batch_sizes=(2, 17))
     assert report.passed, report.failures()
 
 
