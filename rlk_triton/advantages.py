@@ -270,7 +270,9 @@ def _vector(name, x, n, device):
 
 
 def _group_inputs(scores, group_ids, num_groups, valid, validate=True, backend="triton"):
-    """(scores fp32, group ids int32, valid uint8); with validate=False out-of-range ids become invalid rows."""
+    """(scores fp32, group ids int32 / int64 as given, valid: nonzero = valid); with validate=False
+    out-of-range ids become invalid rows. For the kernels a valid of KERNEL_MASK_DTYPES stays as it
+    is and the ids keep their dtype: no conversion launches (the torch reference gets uint8)."""
     if not torch.is_tensor(scores) or not scores.is_floating_point() or scores.dim() != 1:
         raise DTypeError("scores", "must be a 1-D floating-point tensor [B]")
     if not torch.is_tensor(group_ids) or group_ids.dtype not in (torch.int32, torch.int64):
@@ -284,7 +286,13 @@ def _group_inputs(scores, group_ids, num_groups, valid, validate=True, backend="
     _check_tensor_device("scores", scores, backend)
     if validate and first_id_outside(group_ids, 0, num_groups) is not None:  # the host sync of validation
         raise InputError("group_ids", f"ids must lie in [0, num_groups={num_groups})")
-    ok = _mask("valid", valid, scores.shape, scores.device, validate)
     if not validate:  # an out-of-range id: an invalid row, no sync
-        ok = ok * ((group_ids >= 0) & (group_ids < num_groups)).to(torch.uint8)
-    return scores.float().contiguous(), group_ids.to(torch.int32).contiguous(), ok
+        in_range = (group_ids >= 0) & (group_ids < num_groups)
+        if valid is None:
+            ok = in_range
+        else:
+            ok = _mask("valid", valid, scores.shape, scores.device, validate, for_kernel=True)
+            ok = in_range & (ok if ok.dtype == torch.bool else ok != 0)
+    else:
+        ok = _mask("valid", valid, scores.shape, scores.device, validate, for_kernel=backend == "triton")
+    return scores.float().contiguous(), group_ids.contiguous(), ok

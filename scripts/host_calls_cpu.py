@@ -37,7 +37,7 @@ torch.cuda.current_device = lambda: 0  # CachedLaunch keys its entries by it
 
 from rlk_triton import configs, native  # noqa: E402
 
-from rlk_triton.advantages import gae  # noqa: E402
+from rlk_triton.advantages import gae, group_advantages  # noqa: E402
 from rlk_triton.attention import attention_decode  # noqa: E402
 from rlk_triton.logp import selected_logp  # noqa: E402
 from rlk_triton.losses import policy_loss  # noqa: E402
@@ -135,6 +135,7 @@ def calls():
 
     rewards, values = torch.randn(64, 1024, generator=g), torch.randn(64, 1024, generator=g)
     response_mask = torch.rand(64, 1024, generator=g) < 0.9
+    scores, group_ids, valid = torch.randn(8, generator=g), torch.arange(8) % 2, torch.rand(8, generator=g) < 0.9
 
     def policy_fwd_bwd():  # the shape; only the loss is differentiated
         return torch.autograd.grad(policy_loss(lp, old_lp, adv, mask=active)[0], lp)
@@ -171,6 +172,8 @@ def calls():
         "attention_decode 8 seqs x 1000 cached": lambda: attention_decode(q, kc, kc, bt, lens),
         "policy_loss fwd+bwd [256 x 4096]": policy_fwd_bwd,
         "gae [64 x 1024], bool mask": lambda: gae(rewards, values, response_mask, gamma=0.99, lam=0.95),
+        "group_advantages 8 seqs in 2 groups, bool valid": lambda: group_advantages(
+            scores, group_ids, num_groups=2, valid=valid, validate=False),
     }
 
 

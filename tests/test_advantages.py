@@ -212,3 +212,24 @@ def test_every_mask_dtype_gives_the_bits_of_a_bool_mask(device):
         got = gae(r, v, typed, gamma=0.99, lam=0.95, bootstrap_values=boot)
         assert torch.equal(got[0], ref_gae[0]) and torch.equal(got[1], ref_gae[1]), dtype
         assert torch.equal(masked_whiten(r, typed.t().contiguous().t()), ref_white), dtype  # a strided mask too
+
+
+@pytest.mark.parametrize("id_dtype", (torch.int32, torch.int64))
+def test_group_counts_are_the_histogram_of_the_valid_ids(device, id_dtype):
+    """The group statistics find each group's members by searching the sorted keys: every count is
+    the histogram of the valid ids (empty groups, invalid rows, no rows and no groups included), and
+    each group's mean is its valid members' (the stats kernel reads the run it is given)."""
+    from rlk_triton.ops import advantages as adv_ops
+
+    g = _gen(17)
+    for B, G in ((300, 40), (7, 1), (0, 5), (9, 0)):
+        gid = torch.randint(0, max(G, 1), (B,), generator=g).to(id_dtype)
+        ok = torch.rand(B, generator=g) < 0.7
+        s = torch.randn(B, generator=g)
+        mean, m2, count = adv_ops.launch_group_stats(s.to(device), gid.to(device), ok.to(device), G)
+        want = torch.bincount(gid[ok].long(), minlength=G)[:G] if G else torch.zeros(0, dtype=torch.int64)
+        assert count.dtype == torch.int32 and torch.equal(count.cpu().long(), want), (B, G)
+        for grp in range(G):
+            members = s[ok & (gid.long() == grp)]
+            if members.numel():
+                assert torch.allclose(mean[grp].cpu(), members.mean(), atol=1e-5), (B, G, grp)

@@ -292,16 +292,17 @@ def launch_gae(rewards, values, mask, bootstrap, gamma: float, lam: float):
 MODES = {"mean": 0, "mean_std": 1, "rloo": 2}
 
 
-def launch_group_stats(scores, group_ids, valid_u8, num_groups):
-    """(mean, sum of squared deviations, count) per group over its valid members: fp32, fp32, int32."""
+def launch_group_stats(scores, group_ids, valid, num_groups):
+    """(mean, sum of squared deviations, count) per group over its valid members: fp32, fp32, int32.
+    group_ids: int32 / int64 [B]; valid: [B], nonzero = valid (bool, uint8, ...: read as it is)."""
     dev = scores.device
     B = scores.numel()
-    key = torch.where(valid_u8 != 0, group_ids.long(), num_groups)  # invalid rows sort last
-    order = torch.argsort(key, stable=True)
-    # counts without bincount (which syncs on CUDA to size its output); integer adds are exact
-    count = torch.zeros(num_groups + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    start = (torch.cumsum(count, 0) - count)[:num_groups].to(torch.int32).contiguous()
-    count = count[:num_groups].to(torch.int32).contiguous()
+    key = torch.where(valid if valid.dtype == torch.bool else valid != 0, group_ids, num_groups)  # invalid rows last
+    sorted_key, order = torch.sort(key, stable=True)
+    # Group g's members are sorted_key's run of g: [bounds[g], bounds[g + 1]). A search of the sorted
+    # keys instead of a histogram (bincount syncs on CUDA to size its output), in two launches.
+    bounds = torch.searchsorted(sorted_key, torch.arange(num_groups + 1, dtype=key.dtype, device=dev), out_int32=True)
+    start, count = bounds[:num_groups], bounds[1:] - bounds[:num_groups]
     mean = torch.empty(num_groups, dtype=torch.float32, device=dev)
     m2 = torch.empty(num_groups, dtype=torch.float32, device=dev)
     if num_groups and B:
@@ -314,15 +315,17 @@ def launch_group_stats(scores, group_ids, valid_u8, num_groups):
     return mean, m2, count
 
 
-def launch_group_advantages(scores, group_ids, valid_u8, num_groups, mode: str, eps: float, singleton: str = "zero"):
+def launch_group_advantages(scores, group_ids, valid, num_groups, mode: str, eps: float, singleton: str = "zero"):
+    """group_ids: int32 / int64 [B]; valid: [B], nonzero = valid, any dtype the kernels load
+    (advantages.KERNEL_MASK_DTYPES). Returns (advantages, mean, m2, count)."""
     # the kernels index these flat: any view (a strided group_ids) is read as its contiguous copy
-    scores, group_ids, valid_u8 = scores.contiguous(), group_ids.contiguous(), valid_u8.contiguous()
-    mean, m2, count = launch_group_stats(scores, group_ids, valid_u8, num_groups)
+    scores, group_ids, valid = scores.contiguous(), group_ids.contiguous(), valid.contiguous()
+    mean, m2, count = launch_group_stats(scores, group_ids, valid, num_groups)
     out = torch.empty_like(scores)
     B = scores.numel()
     if B:
         block, warps = _locked("group_stats", scores.device)
         _group_advantage_kernel[(cdiv(B, block),)](
-            scores, group_ids, valid_u8, mean, m2, count, out, B, float(eps),
+            scores, group_ids, valid, mean, m2, count, out, B, float(eps),
             MODE=MODES[mode], SINGLETON_RAW=singleton == "raw", BLOCK_B=block, num_warps=warps)
     return out, mean, m2, count
