@@ -271,8 +271,8 @@ def _vector(name, x, n, device):
 
 def _group_inputs(scores, group_ids, num_groups, valid, validate=True, backend="triton"):
     """(scores fp32, group ids int32 / int64 as given, valid: nonzero = valid); with validate=False
-    out-of-range ids become invalid rows. For the kernels a valid of KERNEL_MASK_DTYPES stays as it
-    is and the ids keep their dtype: no conversion launches (the torch reference gets uint8)."""
+    out-of-range ids become invalid rows (valid is then bool). A valid of KERNEL_MASK_DTYPES reaches
+    the kernels as it is and the ids keep their dtype: no conversion launches."""
     if not torch.is_tensor(scores) or not scores.is_floating_point() or scores.dim() != 1:
         raise DTypeError("scores", "must be a 1-D floating-point tensor [B]")
     if not torch.is_tensor(group_ids) or group_ids.dtype not in (torch.int32, torch.int64):

@@ -368,7 +368,7 @@ def _matmul_rows():
 # h200-decode-sweep2-2026-12-04.json for M = 8 and M = 256): the best worst-case ratio to cuBLAS over
 # the (N, K) shapes of the bucket. M <= 16 is a weight read: 16-row tiles (mma.sync: no 64-row wgmma
 # tile of zeros), narrow along N for enough programs, deep along K. One row (a single sequence's
-# decode step) reads the weight through TMA; 2-16 rows at N <= 4096 on pointers, 32 x 256 tiles:
+# decode step) reads the weight through TMA; 2-16 rows at N <= 4096 on pointers, 16 x 32 tiles 256 deep:
 # at M = 8, N = K = 4096 9.7 us against TMA's 10.6 on the H200 (h200-decode-sweep-2026-12-04.json)
 # and 9.7 against 11.0 on the H100 (h100-decode-matmul-sweep-2026-12-06.json), and no slower at
 # K = 14336 (32.7 against 33.2; 43.2 against 43.2), where at M = 1 pointers lose (15.9 against
