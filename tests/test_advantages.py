@@ -218,7 +218,8 @@ def test_every_mask_dtype_gives_the_bits_of_a_bool_mask(device):
 def test_group_counts_are_the_histogram_of_the_valid_ids(device, id_dtype):
     """The group statistics find each group's members by searching the sorted keys: every count is
     the histogram of the valid ids (empty groups, invalid rows, no rows and no groups included), and
-    each group's mean is its valid members' (the stats kernel reads the run it is given)."""
+    each group's mean and m2 are the bits of its valid members alone, in batch order (the stats
+    kernel reads the run the search gives it)."""
     from rlk_triton.ops import advantages as adv_ops
 
     g = _gen(17)
@@ -230,6 +231,8 @@ def test_group_counts_are_the_histogram_of_the_valid_ids(device, id_dtype):
         want = torch.bincount(gid[ok].long(), minlength=G)[:G] if G else torch.zeros(0, dtype=torch.int64)
         assert count.dtype == torch.int32 and torch.equal(count.cpu().long(), want), (B, G)
         for grp in range(G):
-            members = s[ok & (gid.long() == grp)]
+            members = s[ok & (gid.long() == grp)].to(device)
             if members.numel():
-                assert torch.allclose(mean[grp].cpu(), members.mean(), atol=1e-5), (B, G, grp)
+                alone = adv_ops.launch_group_stats(members, torch.zeros_like(members, dtype=id_dtype),
+                                                   torch.ones_like(members, dtype=torch.bool), 1)
+                assert torch.equal(mean[grp:grp + 1], alone[0]) and torch.equal(m2[grp:grp + 1], alone[1]), (B, G, grp)
