@@ -9,7 +9,8 @@
 # step has its own time box; everything lands under $OUT. "kernels": the native rms_norm backward's device time
 # per kernel against Triton's (gpu_native_kernels.py). "parts": a launch's host cost by part and the decode
 # matmul's profile (gpu_launch_parts.py). "decode": the rollout-shaped kernels against the stock ones
-# (gpu_decode.py; DECODE_ARGS="--only matmul --sweep matmul" for the small-M candidates).
+# (gpu_decode.py; DECODE_ARGS="--only matmul --sweep matmul" for the small-M candidates). "thread": where a lone
+# fwd+bwd's host time goes with the backward on autograd's worker thread and on the caller's (gpu_backward_thread.py).
 #   RLK_COMMIT=<sha> [STEPS="native tests host ll split"] bash scripts/gpu_session.sh
 set -u
 source "$(dirname "$0")/device_setup.sh"
@@ -52,6 +53,8 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
               echo "epilogue: exit $?"; tail -c 2500 $OUT/epilogue.log ;;
     clocks) timeout ${CLOCKS_S:-120} python3 scripts/gpu_linear_logp_clocks.py --out $OUT/clocks.json --commit $C --time-box $(( ${CLOCKS_S:-120} - 25 )) ${CLOCKS_ARGS:-} > $OUT/clocks.log 2>&1
             echo "clocks: exit $?"; tail -c 2500 $OUT/clocks.log ;;
+    thread) timeout ${THREAD_S:-120} python3 scripts/gpu_backward_thread.py --out $OUT/thread.json --commit $C ${THREAD_ARGS:-} > $OUT/thread.log 2>&1
+            echo "thread: exit $?"; cut -c1-600 $OUT/thread.log ;;
     profile) timeout ${PROFILE_S:-90} python3 scripts/gpu_host_profile.py --json $OUT/profile.json ${PROFILE_ARGS:-} > $OUT/profile.log 2>&1
              echo "profile: exit $?"; grep "^{" $OUT/profile.log | cut -c1-250 ;;
     split) timeout ${SPLIT_S:-150} python3 scripts/gpu_attention_split.py --out $OUT/split.json --commit $C --time-box $(( ${SPLIT_S:-150} - 30 )) ${SPLIT_ARGS:-} > $OUT/split.log 2>&1
