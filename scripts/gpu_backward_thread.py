@@ -14,12 +14,17 @@ calls) of four spans measured with time.perf_counter on the host:
 - after the backward: from the last backward function's exit to autograd.grad's return.
 Cases: torch's x * 2 (no Python backward: the engine alone), a Python autograd.Function whose backward
 is g * 2 (the engine with one Python node), and the library's host-bound fwd+bwd rows of
-scripts/gpu_host_overhead.py. The wall time per call (one sync at the end) is beside them.
+scripts/gpu_host_overhead.py. The wall time per call (one sync at the end) is beside them, and for the
+library's cases a cProfile of 200 calls with the backward on the calling thread (where cProfile sees
+it): the functions with the most own time.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import sys
 import threading
@@ -134,6 +139,19 @@ def _measure(step, calls: int) -> dict:
             "wall_us": round(timing.wall_ms(step, device="cuda") * 1e3, 2)}
 
 
+def _profile(step, calls: int = 200) -> str:
+    with torch.autograd.set_multithreading_enabled(False):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+        profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -151,8 +169,10 @@ def main() -> int:
             for mode, threaded in (("default", True), ("caller", False)):
                 with torch.autograd.set_multithreading_enabled(threaded):
                     row[mode] = _measure(step, args.calls)
-            report["rows"].append(row)
             print(json.dumps(row), flush=True)
+            if not name.startswith(("torch", "Python")):
+                row["profile_backward_on_caller"] = _profile(step)
+            report["rows"].append(row)
         except Exception as ex:  # noqa: BLE001 - keep measuring the other cases
             report.setdefault("errors", []).append({"case": name, "error": repr(ex)[:300]})
             print(f"{name}: {ex!r}"[:300], flush=True)
