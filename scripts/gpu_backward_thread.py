@@ -21,10 +21,7 @@ it): the functions with the most own time.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import statistics
 import sys
 import threading
@@ -32,6 +29,7 @@ import time
 
 import torch
 
+from gpu_host_profile import profile_top
 from rlk_triton.bench import cases, timing
 from rlk_triton.bench.report import header
 
@@ -139,19 +137,6 @@ def _measure(step, calls: int) -> dict:
             "wall_us": round(timing.wall_ms(step, device="cuda") * 1e3, 2)}
 
 
-def _profile(step, calls: int = 200) -> str:
-    with torch.autograd.set_multithreading_enabled(False):
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-        profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-    return text.getvalue()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -171,7 +156,8 @@ def main() -> int:
                     row[mode] = _measure(step, args.calls)
             print(json.dumps(row), flush=True)
             if not name.startswith(("torch", "Python")):
-                row["profile_backward_on_caller"] = _profile(step)
+                with torch.autograd.set_multithreading_enabled(False):  # where cProfile sees the backward
+                    row["profile_backward_on_caller"] = profile_top(step, n=200, lines=25)
             report["rows"].append(row)
         except Exception as ex:  # noqa: BLE001 - keep measuring the other cases
             report.setdefault("errors", []).append({"case": name, "error": repr(ex)[:300]})
