@@ -64,19 +64,14 @@ def _wrap_library() -> int:
 
     import rlk_triton.ops
 
-    n = 0
     for info in pkgutil.iter_modules(rlk_triton.ops.__path__):
         importlib.import_module(f"rlk_triton.ops.{info.name}")
-    for name, module in list(sys.modules.items()):
-        if name.startswith("rlk_triton.ops."):
-            for value in list(vars(module).values()):
-                eager = getattr(value, "eager", None)
-                if isinstance(eager, type) and issubclass(eager, torch.autograd.Function) and not getattr(
-                        eager, "_timed", False):
-                    _wrap_backward(eager)
-                    eager._timed = True
-                    n += 1
-    return n
+    functions = {getattr(value, "eager", None) for name, module in list(sys.modules.items())
+                 if name.startswith("rlk_triton.ops.") for value in list(vars(module).values())}
+    functions = [f for f in functions if isinstance(f, type) and issubclass(f, torch.autograd.Function)]
+    for f in functions:  # each class once, however many names it has
+        _wrap_backward(f)
+    return len(functions)
 
 
 class _Times2(torch.autograd.Function):
@@ -92,15 +87,13 @@ class _Times2(torch.autograd.Function):
 _wrap_backward(_Times2)
 
 
-def _cases(device: str = "cuda") -> list:
+def _cases() -> list:
     """(name, make): make() returns the timed step (a forward and autograd.grad)."""
-    x = torch.randn(16, device=device, requires_grad=True)
-    up = torch.ones(16, device=device)
-    out = [("torch x * 2, 16 fp32 (no Python backward)", lambda: (lambda: torch.autograd.grad(x * 2, x, up))),
-           ("Python autograd.Function, backward g * 2, 16 fp32",
-            lambda: (lambda: torch.autograd.grad(_Times2.apply(x), x, up)))]
-    if device != "cuda":
-        return out
+    out = [("torch x * 2, 16 fp32 (no Python backward)", lambda: cases.autograd_floor("cuda"))]
+    x = torch.randn(16, device="cuda", requires_grad=True)
+    up = torch.ones(16, device="cuda")
+    out.append(("Python autograd.Function, backward g * 2, 16 fp32",
+                lambda: (lambda: torch.autograd.grad(_Times2.apply(x), x, up))))
     out.append(("policy_loss fwd+bwd [256 x 4096] (issue target)",
                 lambda: cases._policy_loss(256, 4096, torch.float32, "cuda", True).rlk))
     return out + [(f"{c.op} {c.name}", (lambda c=c: c.build("cuda", True).rlk)) for c in cases.select(None, "quick")

@@ -70,16 +70,8 @@ def _rmsnorm_chain(N: int, H: int, k: int):
 
 
 def _autograd_floor(report: dict) -> float:
-    """torch's cheapest forward + backward, autograd.grad of x * 2 over 16 fp32 elements: its wall time
-    is nearly all host (autograd's engine, and the hand-off of a CUDA backward to the device's worker
-    thread and back), a floor under any op's lone fwd+bwd call, ours or torch's. Recorded as a row;
-    returns the wall ms per call with autograd's defaults."""
-    x = torch.randn(16, device="cuda", requires_grad=True)
-    up = torch.ones(16, device="cuda")
-
-    def step():
-        return torch.autograd.grad(x * 2, x, up)
-
+    """cases.autograd_floor, recorded as a row; returns its wall ms per call with autograd's defaults."""
+    step = cases.autograd_floor("cuda")
     dev, clock = device_ms(step, "cuda")
     wall = timing.wall_ms(step, device="cuda")
     with torch.autograd.set_multithreading_enabled(False):

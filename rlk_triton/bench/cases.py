@@ -113,6 +113,15 @@ def _call(mode, fn, args, wrt=(), grads=None):
     return step
 
 
+def autograd_floor(device) -> Callable[[], object]:
+    """torch's cheapest forward + backward, autograd.grad of x * 2 over 16 fp32 elements: on a GPU its
+    wall time is nearly all host (autograd's engine, and the hand-off of a CUDA backward to the
+    device's worker thread and back), the floor under any lone fwd+bwd call, ours or torch's."""
+    x = torch.randn(16, device=device, requires_grad=True)
+    up = torch.ones(16, device=device)
+    return lambda: torch.autograd.grad(x * 2, x, up)
+
+
 def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
