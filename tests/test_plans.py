@@ -1,12 +1,15 @@
 """Per-shape plans (ops.launch.planned): a call answered from a warm plan store gives the bits of the
 same call with every store emptied (configs.forget), across calls that share shapes but not strides,
 flags or runtime values (eps, temperature, row counts): a plan's key holds every fact it was made from."""
+import functools
+
 import torch
 
 from rlk_triton import configs
 from rlk_triton._runtime import arch_of
 from rlk_triton.attention import attention_decode
 from rlk_triton.logp import selected_logp
+from rlk_triton.losses import policy_loss
 from rlk_triton.ops.matmul import matmul
 from rlk_triton.ops.rmsnorm import rms_norm
 from rlk_triton.ops.rope import apply_rope, rope_tables
@@ -49,7 +52,59 @@ def _calls(device):
         lambda: selected_logp(logits, target),
         lambda: selected_logp(logits.view(1, 3, 100), target.view(1, 3), temperature=0.7, return_entropy=True),
         lambda: selected_logp(logits[:1], target[:1], ignore_index=1),
+        *_rms_norm_backward_calls(randn),
+        *_policy_calls(randn, device),
     ]
+
+
+def _rms_norm_backward_calls(randn):
+    """rms_norm's backward across the facts its plans are keyed by (row stride, which gradients flow,
+    an upstream gradient of the residual output) and the values they are not (rows, weight_offset)."""
+    x, xwide, w, res, dy, dres = randn(6, 32), randn(6, 48), randn(32), randn(6, 32), randn(6, 32), randn(6, 32)
+
+    def run(rows=6, strided=False, weight_grad=True, residual=None, residual_grad=False, **kw):
+        xs = (xwide[:rows, :32] if strided else x[:rows]).detach().requires_grad_()
+        ws = w.detach().requires_grad_(weight_grad)
+        if residual is None:
+            y = rms_norm(xs, ws, **kw)
+            return (y, *torch.autograd.grad(y, [t for t in (xs, ws) if t.requires_grad], dy[:rows]))
+        r = res[:rows].detach().requires_grad_()
+        y, h = rms_norm(xs, ws, residual=r, **kw)
+        outs, ups = ((y, h), (dy[:rows], dres[:rows])) if residual_grad else ((y,), (dy[:rows],))
+        return (y, h, *torch.autograd.grad(outs, [t for t in (xs, ws, r) if t.requires_grad], ups))
+
+    return [functools.partial(run, **kw) for kw in (
+        {}, dict(rows=3), dict(strided=True), dict(weight_grad=False), dict(weight_offset=1.0),
+        dict(residual=True), dict(residual=True, residual_grad=True), dict(residual=True, weight_grad=False),
+    )]
+
+
+def _policy_calls(randn, device):
+    """policy_loss forward and backward across the facts its plans are keyed by (terms, aggregation,
+    normalizer kind, which gradients flow) and the values they are not (B, T, the coefficients)."""
+    lp, old, adv, ref, ent, roll = (randn(3, 40) * 0.1 - 2 for _ in range(6))
+    mask = randn(3, 40) > -1
+
+    def run(rows=3, tokens=40, per_token_grad=False, **kw):
+        x = lp[:rows, :tokens].clone().requires_grad_()
+        e = ent[:rows, :tokens].clone().requires_grad_() if "entropy" in kw else None
+        kw = {k: (v[:rows, :tokens] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in kw.items()}
+        if e is not None:
+            kw["entropy"] = e
+        a = kw.pop("advantages", adv[:rows, :tokens])
+        loss, per_token, diag = policy_loss(x, old[:rows, :tokens], a, mask=mask[:rows, :tokens], **kw)
+        outs = (loss, per_token) if per_token_grad else (loss,)
+        ups = (torch.ones_like(loss), torch.linspace(0, 1, per_token.numel(), device=device).view_as(per_token))
+        grads = torch.autograd.grad(outs, (x,) if e is None else (x, e), ups[:len(outs)])
+        return loss, per_token, *diag.values(), *grads
+
+    return [functools.partial(run, **kw) for kw in (
+        {}, dict(rows=2), dict(tokens=17), dict(normalizer=57.0), dict(normalizer=torch.tensor(57.0, device=device)),
+        dict(aggregation="seq-mean-token-mean"), dict(advantages=adv[:, 0]), dict(per_token_grad=True),
+        dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01), dict(dual_clip_c=3.0, log_ratio_clamp=0.5),
+        dict(loss_type="cispo", eps_high=0.3, rollout_logp=roll, tis_cap=2.0),
+        dict(rollout_logp=roll, tis_cap=1.5, tis_mode="mask", tis_scope="pg"),
+    )]
 
 
 def _flat(out):

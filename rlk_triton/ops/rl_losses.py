@@ -33,7 +33,7 @@ from .. import configs
 from ..configs import LaunchConfig
 from .._runtime import arch_of
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv
+from .launch import SLOT, Template, cached, cdiv, planned
 
 # low_var_kl: k3 with u = ref - logp clamped to [-20, 20] and the estimate to [-10, 10] (verl's and
 # slime's "low_var_kl"), no gradient beyond either clamp.
@@ -552,12 +552,19 @@ def _token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap
             float(log_ratio_clamp) if log_ratio_clamp is not None else 0.0)
 
 
-def _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
-                 log_ratio_clamp):
-    return dict(ADV_PER_ROW=advantages.dim() == 1, CISPO=loss_type == "cispo", DUAL_CLIP=dual_clip_c is not None,
-                HAS_KL=ref_logp is not None, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=entropy is not None,
-                TIS_MODE=TIS_MODES[tis_mode], TIS_PG=TIS_SCOPES[tis_scope] == 1,
-                HAS_LR_CLAMP=log_ratio_clamp is not None)
+def _token_terms(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                 log_ratio_clamp) -> tuple:
+    """The facts of a call that decide the per-token kernels' constexprs: part of a plan's key."""
+    return (advantages.dim() == 1, ref_logp is not None, entropy is not None, loss_type, dual_clip_c is not None,
+            kl_estimator, tis_mode, tis_scope, log_ratio_clamp is not None)
+
+
+def _token_flags(adv_per_row, has_ref, has_entropy, loss_type, dual_clip, kl_estimator, tis_mode, tis_scope,
+                 has_lr_clamp):
+    """The per-token kernels' constexprs from _token_terms."""
+    return dict(ADV_PER_ROW=adv_per_row, CISPO=loss_type == "cispo", DUAL_CLIP=dual_clip, HAS_KL=has_ref,
+                KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=has_entropy, TIS_MODE=TIS_MODES[tis_mode],
+                TIS_PG=TIS_SCOPES[tis_scope] == 1, HAS_LR_CLAMP=has_lr_clamp)
 
 
 def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, rollout_logp,
@@ -578,39 +585,53 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
     row_weight = torch.empty(B, dtype=torch.float32, device=dev)
     if B == 0:  # nothing to launch over: the documented empty result
         return loss.zero_(), per_token, diag.zero_(), row_weight
-    cfg = config("rl_policy_loss_rows", dev)
+    terms = _token_terms(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                         log_ratio_clamp)
+    key = (T > 0, terms, aggregation, normalizer_tensor is not None, normalizer is not None, dev)
+    block, tokens, fold, batch = planned(_FORWARD_PLANS, key, _forward_plan, T > 0, terms, aggregation,
+                                         normalizer_tensor is not None, normalizer is not None, dev)
     inputs = (logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
               entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp)
-    token = (*_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp),)
-    flags = _token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
-                         log_ratio_clamp)
-    n_tiles = cdiv(T, cfg.block_v)
-    if config("rl_policy_loss_split", dev).block_v and n_tiles > 0:
+    token = _token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp)
+    if fold is not None:
         # (row, tile) programs, then an in-order fold per row: the rows kernel's bits, B x tiles
         # programs instead of B
+        n_tiles = cdiv(T, block)
         tile_stats = torch.empty((B, n_tiles, N_ROW_STATS), dtype=torch.float32, device=dev)
-        _policy_loss_tiles_kernel[(B, n_tiles)](
-            *inputs, per_token, tile_stats, T, *token, **flags,
-            BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        fold = config("rl_policy_loss_batch", dev)
-        _policy_loss_fold_kernel[(cdiv(B, fold.block_v),)](
-            tile_stats, row_stats, B, n_tiles, BLOCK_B=fold.block_v, num_warps=fold.num_warps,
-        )
+        tokens((B, n_tiles), *inputs, per_token, tile_stats, T, *token)
+        fold_rows, fold = fold
+        fold((cdiv(B, fold_rows),), tile_stats, row_stats, B, n_tiles)
     else:
-        _policy_loss_rows_kernel[(B,)](
-            *inputs, per_token, row_stats, T, *token, **flags,
-            BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    cfg = config("rl_policy_loss_batch", dev)
-    has_norm = normalizer_tensor is not None or normalizer is not None
-    _policy_loss_batch_kernel[(1,)](
-        row_stats, B, normalizer_tensor if normalizer_tensor is not None else loss,
-        float(normalizer) if normalizer is not None else 0.0, loss, diag, row_weight,
-        AGG=AGGREGATIONS[aggregation], HAS_NORMALIZER=has_norm, NORMALIZER_FROM_PTR=normalizer_tensor is not None,
-        BLOCK_B=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        tokens((B,), *inputs, per_token, row_stats, T, *token)
+    batch((1,), row_stats, B, normalizer_tensor if normalizer_tensor is not None else loss,
+          float(normalizer) if normalizer is not None else 0.0, loss, diag, row_weight)
     return loss, per_token, diag, row_weight
+
+
+_FORWARD_PLANS = configs.plan_store()  # launch_policy_loss_forward's plans per key (launch.planned)
+
+
+def _forward_plan(has_tokens, terms, aggregation, normalizer_from_ptr, normalizer_number, device):
+    """(tokens per tile, the per-token Template, (rows per fold program, the fold's Template) or None,
+    the batch Template) for the token terms and the aggregation. The per-token kernel is the
+    (row, tile) one when the split row of the table is on and rows have tokens (then the fold
+    follows), else the rows kernel. SLOTs: every argument but the constexprs (B and T vary per call)."""
+    cfg = config("rl_policy_loss_rows", device)
+    flags = _token_flags(*terms)
+    meta = dict(flags, BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    token_args = (SLOT,) * 17
+    fold_cfg = config("rl_policy_loss_batch", device)
+    if config("rl_policy_loss_split", device).block_v and has_tokens:
+        tokens = Template(_policy_loss_tiles_kernel, token_args, meta)
+        fold = (fold_cfg.block_v, Template(_policy_loss_fold_kernel, (SLOT,) * 4,
+                                           dict(BLOCK_B=fold_cfg.block_v, num_warps=fold_cfg.num_warps)))
+    else:
+        tokens, fold = Template(_policy_loss_rows_kernel, token_args, meta), None
+    batch = Template(_policy_loss_batch_kernel, (SLOT,) * 7,
+                     dict(AGG=AGGREGATIONS[aggregation], HAS_NORMALIZER=normalizer_from_ptr or normalizer_number,
+                          NORMALIZER_FROM_PTR=normalizer_from_ptr, BLOCK_B=fold_cfg.block_v,
+                          num_warps=fold_cfg.num_warps, num_stages=fold_cfg.num_stages))
+    return cfg.block_v, tokens, fold, batch
 
 
 def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old_logp, advantages, mask,
@@ -623,19 +644,31 @@ def launch_policy_loss_backward(grad_loss, grad_per_token, row_weight, logp, old
     grad_ent = torch.empty_like(logp) if with_entropy_grad else logp.new_empty(0)
     if B * T == 0:
         return grad_logp, grad_ent
-    cfg = config("rl_policy_loss_bwd", logp.device)
-    _policy_loss_bwd_kernel[(B, cdiv(T, cfg.block_v))](
-        grad_loss, grad_per_token if grad_per_token is not None else logp, row_weight,
-        logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
-        entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
-        grad_logp, grad_ent if with_entropy_grad else grad_logp, T,
-        *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp),
-        HAS_TOKEN_GRAD=grad_per_token is not None, WITH_ENTROPY_GRAD=with_entropy_grad,
-        **_token_flags(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
-                       log_ratio_clamp),
-        BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    terms = _token_terms(advantages, ref_logp, entropy, loss_type, dual_clip_c, kl_estimator, tis_mode, tis_scope,
+                         log_ratio_clamp)
+    key = (terms, grad_per_token is not None, with_entropy_grad, logp.device)
+    block, template = planned(_BACKWARD_PLANS, key, _backward_plan, terms, grad_per_token is not None,
+                              with_entropy_grad, logp.device)
+    template((B, cdiv(T, block)),
+             grad_loss, grad_per_token if grad_per_token is not None else logp, row_weight,
+             logp, old_logp, advantages, mask, ref_logp if ref_logp is not None else logp,
+             entropy if entropy is not None else logp, rollout_logp if rollout_logp is not None else logp,
+             grad_logp, grad_ent if with_entropy_grad else grad_logp, T,
+             *_token_args(clip_low, clip_high, dual_clip_c, kl_coef, entropy_coef, tis_cap, log_ratio_clamp))
     return grad_logp, grad_ent
+
+
+_BACKWARD_PLANS = configs.plan_store()  # launch_policy_loss_backward's (BLOCK_T, Template) per key
+
+
+def _backward_plan(terms, has_token_grad, with_entropy_grad, device):
+    """(tokens per program, the backward's Template) for the token terms and which gradients flow.
+    SLOTs: every argument but the constexprs."""
+    cfg = config("rl_policy_loss_bwd", device)
+    return cfg.block_v, Template(
+        _policy_loss_bwd_kernel, (SLOT,) * 20,
+        dict(HAS_TOKEN_GRAD=has_token_grad, WITH_ENTROPY_GRAD=with_entropy_grad, **_token_flags(*terms),
+             BLOCK_T=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 # ---- torch.library custom ops: usable under torch.compile, autograd through register_autograd ----

@@ -293,35 +293,50 @@ def launch_backward(grad_y, grad_res, h, weight, rstd, weight_offset, with_dw, w
         dw = torch.zeros_like(weight)
     if N == 0:
         return dx, dw, dres
-    cfg = cfg or _cfg("rmsnorm_bwd", h, H)
-    R = rows_per_block or _cfg("rmsnorm_dw_rows", h, H).block_v
-    block = hidden_tile(cfg, H)
-    one_tile = block >= H
+    key = (H, h.stride(0), grad_res is not None, with_dw, with_dres, h.dtype, h.device, cfg, rows_per_block,
+           reduce_block)
+    R, one_tile, rows, dw_reduce = planned(_BACKWARD_PLANS, key, _backward_plan, h, grad_res is not None, with_dw,
+                                           with_dres, cfg, rows_per_block, reduce_block)
     n_blocks = cdiv(N, R)
     if with_dw:
         alloc = torch.empty if one_tile else torch.zeros
         partial = alloc((n_blocks, H), dtype=torch.float32, device=h.device)
     else:
         partial = rstd  # any pointer: not written
-    has_gres = grad_res is not None
-    _bwd_kernel[(n_blocks,)](
-        grad_y, grad_res if has_gres else grad_y, h, h.stride(0), weight, rstd,
-        dx, dres if with_dres else dx, partial,
-        N, H, float(H), float(weight_offset),
-        HAS_GRAD_RES=has_gres, WITH_DW=with_dw, WITH_DRES=with_dres, ROWS_PER_BLOCK=R, BLOCK_H=block, ONE_TILE=one_tile,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    rows((n_blocks,), grad_y, grad_res if grad_res is not None else grad_y, h, weight, rstd,
+         dx, dres if with_dres else dx, partial, N, float(weight_offset))
     if with_dw:
         dw = torch.empty_like(weight)
+        grid, dw_reduce = dw_reduce
+        dw_reduce(grid, partial, dw, n_blocks)
+    return dx, dw, dres
+
+
+_BACKWARD_PLANS = configs.plan_store()  # launch_backward's plans per key (launch.planned)
+
+
+def _backward_plan(h, has_grad_res, with_dw, with_dres, cfg, rows_per_block, reduce_block):
+    """(rows per program, whether one tile covers H, the rows' Template, (grid, the dw reduction's
+    Template) or None) of the backward for h's H, row stride, dtype and device and the gradients
+    asked for. SLOTs: the tensors, N, weight_offset and the reduction's block count."""
+    H = h.shape[1]
+    cfg = cfg or _cfg("rmsnorm_bwd", h, H)
+    R = rows_per_block or _cfg("rmsnorm_dw_rows", h, H).block_v
+    block = hidden_tile(cfg, H)
+    one_tile = block >= H
+    rows = Template(_bwd_kernel, (SLOT, SLOT, SLOT, h.stride(0)) + (SLOT,) * 6 + (H, float(H), SLOT),
+                    dict(HAS_GRAD_RES=has_grad_res, WITH_DW=with_dw, WITH_DRES=with_dres, ROWS_PER_BLOCK=R,
+                         BLOCK_H=block, ONE_TILE=one_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    dw_reduce = None
+    if with_dw:
         red = _cfg("rmsnorm_dw_reduce", h, H)
         lanes = reduce_block or red.block_v
         # columns per program: elementwise across columns, so it never changes a result
         cols = min(next_power_of_2(H), max(16, 2048 // lanes))
-        _dw_reduce_kernel[(cdiv(H, cols),)](
-            partial, dw, n_blocks, H, BLOCK_B=lanes, BLOCK_C=cols,
-            num_warps=red.num_warps, num_stages=red.num_stages,
-        )
-    return dx, dw, dres
+        dw_reduce = ((cdiv(H, cols),), Template(_dw_reduce_kernel, (SLOT, SLOT, SLOT, H),
+                                                dict(BLOCK_B=lanes, BLOCK_C=cols, num_warps=red.num_warps,
+                                                     num_stages=red.num_stages)))
+    return R, one_tile, rows, dw_reduce
 
 
 # ---- torch.library custom ops: usable under torch.compile, autograd through register_autograd ----
