@@ -168,3 +168,23 @@ def test_bracketed_ratios_cancel_a_drift_that_a_single_pair_does_not():
     assert r["median"] == 0.97 and r["min"] < 0.81
     with pytest.raises(ValueError, match="k"):
         bracketed_ratios(fn, baseline, 0, timer)
+
+
+def test_wall_ms_with_loops_sets_an_interrupted_loop_aside(monkeypatch):
+    """Three loops of 4 calls on a fake clock; the second is slowed tenfold (the machine busy
+    elsewhere): the median of the loops is the undisturbed 1 ms a call, one loop alone is what it hit."""
+    from rlk_triton.bench import timing
+
+    clock, count = [0.0], [0]
+
+    def fn():  # call 1 warms up; calls 2-5, 6-9, 10-13 are the loops
+        count[0] += 1
+        clock[0] += 0.010 if 6 <= count[0] <= 9 else 0.001
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    assert timing.wall_ms(fn, n=4, warmup=1, device="cpu", loops=3) == pytest.approx(1.0)
+    assert count[0] == 13
+    count[0] = 4  # the next loop starts at call 6: the slowed one
+    assert timing.wall_ms(fn, n=4, warmup=1, device="cpu") == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="loops"):
+        timing.wall_ms(fn, n=4, device="cpu", loops=0)

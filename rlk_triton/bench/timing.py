@@ -124,17 +124,24 @@ def cpu_ms(fn: Callable, n: int = 3) -> float:
     return statistics.median(times)
 
 
-def wall_ms(fn: Callable, n: Optional[int] = None, warmup: int = 3, device="cuda") -> float:
+def wall_ms(fn: Callable, n: Optional[int] = None, warmup: int = 3, device="cuda", loops: int = 1) -> float:
     """Wall-clock ms per call: n calls from the host, one sync at the end (what an eager caller pays
-    per call, host work and launches included). n defaults to about _WALL_MS of calls."""
+    per call, host work and launches included). n defaults to about _WALL_MS of calls. With loops > 1,
+    the median over that many such loops: a loop that the machine interrupted (another process, a
+    collection) is set aside instead of raising the figure."""
+    if loops < 1:
+        raise ValueError(f"loops: need at least one, got {loops}")
     estimate = _warm(fn, device, warmup)
     n = n or _reps(estimate, 200, _WALL_MS)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t0) / n * 1e3
+    per_call = []
+    for _ in range(loops):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync(device)
+        per_call.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(per_call)
 
 
 def bracketed_ratios(fn: Callable, baseline: Callable, k: int, timer: Callable) -> dict:
