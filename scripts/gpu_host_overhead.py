@@ -18,10 +18,9 @@ Rows with a backward are timed again with autograd's multithreading off (the bac
 thread, not handed to autograd's CUDA worker thread), ours and eager torch's. First of all, torch's
 cheapest forward + backward (autograd.grad of x * 2 over 16 elements): the host floor of any lone
 fwd+bwd call, which each fwd+bwd row's target is also given on top of (target_beyond_autograd_floor_ms).
-The walls a row is judged by (ours eager, eager torch's, the floor's, each with the backward on the
-caller too) are the median of --loops loops of calls (default 5): on a shared host one loop can be hit
+Every wall is the median of --loops loops of calls (default 5): on a shared host one loop can be hit
 by another process, which raised single-loop rows by up to 63% between two runs on one H200 machine.
-The other paths' walls are one loop each (diagnostics). The JSON is rewritten after every case, so a
+The JSON is rewritten after every case, so a
 time-boxed run keeps what it measured.
 """
 from __future__ import annotations
@@ -104,9 +103,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default="host_overhead.json")
     ap.add_argument("--time-box", type=float, default=1e9, help="stop starting new cases after S seconds")
-    ap.add_argument("--loops", type=int, default=5,
-                    help="the walls a row is judged by (ours eager, eager torch's, the floor's, with the "
-                         "backward on the caller too) are the median of this many loops of calls")
+    ap.add_argument("--loops", type=int, default=5, help="every wall is the median of this many loops of calls")
     args = ap.parse_args()
     t0 = time.time()
     report = header("cuda", "quick", list(FAMILIES)) | {"format": "rlk-triton-host-overhead/1", "rows": [],
@@ -134,13 +131,11 @@ def main() -> int:
             dev, clock = device_ms(bound.rlk, "cuda")
             dev /= k
             walls = {}
-            # eager twice: the first one warms up every path; the second, the judged one, over loops
+            # eager twice: the first one warms up every path
             for name in ("eager", "no launch cache", "descriptors re-encoded", "tensors to the launcher",
-                         "no templates", "dispatcher"):
+                         "no templates", "dispatcher", "eager"):
                 _path(name)
-                walls[name] = timing.wall_ms(bound.rlk, device="cuda") / k
-            _path("eager")
-            walls["eager"] = timing.wall_ms(bound.rlk, device="cuda", loops=args.loops) / k
+                walls[name] = timing.wall_ms(bound.rlk, device="cuda", loops=args.loops) / k
             _path("no launch cache")  # Triton's own launch of every kernel
             want = _tensors(bound.rlk())
             _path("eager")

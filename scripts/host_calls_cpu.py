@@ -4,7 +4,7 @@ validation, and the library's own launch path: argument signatures, templates, r
 maps), the part of an eager call's wall time that is not the kernel (issue 20). A proxy for the GPU
 host: Triton's C launcher and the driver are not counted, and a GPU machine's CPU is faster or slower.
 
-    python scripts/host_calls_cpu.py [--json FILE] [--label TEXT] [--stub launch]
+    python scripts/host_calls_cpu.py [--json FILE] [--label TEXT] [--stub launch] [--only TEXT]
 
 Kernels are never run: the JIT function of every rlk_triton.ops.launch.CachedLaunch is replaced by a
 stand-in whose "compiled kernel" launches nothing (for a kernel with host descriptors, through a copy
@@ -181,6 +181,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--only", default="", help="the calls whose name contains this text")
     ap.add_argument("--stub", choices=("launcher", "launch"), default="launcher",
                     help="what is replaced by a no-op: Triton's launcher (default) or CachedLaunch.launch")
     args = ap.parse_args()
@@ -188,6 +189,8 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     for name, fn in calls().items():
+        if args.only not in name:
+            continue
         for _ in range(200):
             fn()
         rounds = []
