@@ -9,7 +9,7 @@ from rlk_triton import configs
 from rlk_triton._runtime import arch_of
 from rlk_triton.attention import attention_decode
 from rlk_triton.logp import selected_logp
-from rlk_triton.losses import policy_loss
+from rlk_triton.losses import gspo_loss, policy_loss
 from rlk_triton.ops.matmul import matmul
 from rlk_triton.ops.rmsnorm import rms_norm
 from rlk_triton.ops.rope import apply_rope, rope_tables
@@ -80,30 +80,39 @@ def _rms_norm_backward_calls(randn):
 
 
 def _policy_calls(randn, device):
-    """policy_loss forward and backward across the facts its plans are keyed by (terms, aggregation,
-    normalizer kind, which gradients flow) and the values they are not (B, T, the coefficients)."""
+    """policy_loss's and gspo_loss's forward and backward across the facts their plans are keyed by
+    (terms, aggregation, normalizer kind, which gradients flow) and the values they are not (B, T, the
+    coefficients)."""
     lp, old, adv, ref, ent, roll = (randn(3, 40) * 0.1 - 2 for _ in range(6))
     mask = randn(3, 40) > -1
 
-    def run(rows=3, tokens=40, per_token_grad=False, **kw):
+    def run(rows=3, tokens=40, per_token_grad=False, loss_fn=policy_loss, entropy_grad=True, **kw):
         x = lp[:rows, :tokens].clone().requires_grad_()
-        e = ent[:rows, :tokens].clone().requires_grad_() if "entropy" in kw else None
+        e = ent[:rows, :tokens].clone().requires_grad_(entropy_grad) if "entropy" in kw else None
         kw = {k: (v[:rows, :tokens] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in kw.items()}
         if e is not None:
             kw["entropy"] = e
-        a = kw.pop("advantages", adv[:rows, :tokens])
-        loss, per_token, diag = policy_loss(x, old[:rows, :tokens], a, mask=mask[:rows, :tokens], **kw)
+        a = kw.pop("advantages", adv)
+        a = a[:rows] if a.dim() == 1 else a[:rows, :tokens]
+        loss, per_token, diag = loss_fn(x, old[:rows, :tokens], a, mask=mask[:rows, :tokens], **kw)
         outs = (loss, per_token) if per_token_grad else (loss,)
         ups = (torch.ones_like(loss), torch.linspace(0, 1, per_token.numel(), device=device).view_as(per_token))
-        grads = torch.autograd.grad(outs, (x,) if e is None else (x, e), ups[:len(outs)])
+        grads = torch.autograd.grad(outs, (x,) if e is None or not entropy_grad else (x, e), ups[:len(outs)])
         return loss, per_token, *diag.values(), *grads
 
     return [functools.partial(run, **kw) for kw in (
         {}, dict(rows=2), dict(tokens=17), dict(normalizer=57.0), dict(normalizer=torch.tensor(57.0, device=device)),
         dict(aggregation="seq-mean-token-mean"), dict(advantages=adv[:, 0]), dict(per_token_grad=True),
-        dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01), dict(dual_clip_c=3.0, log_ratio_clamp=0.5),
+        dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01), dict(ref_logp=ref, kl_coef=0.1, entropy=ent,
+                                                                              entropy_coef=0.01, entropy_grad=False),
+        dict(dual_clip_c=3.0, log_ratio_clamp=0.5),
         dict(loss_type="cispo", eps_high=0.3, rollout_logp=roll, tis_cap=2.0),
         dict(rollout_logp=roll, tis_cap=1.5, tis_mode="mask", tis_scope="pg"),
+        *(dict(loss_fn=gspo_loss, advantages=adv[:, 0], **kw) for kw in (
+            {}, dict(rows=2), dict(tokens=17), dict(normalizer=57.0), dict(aggregation="token-mean"),
+            dict(per_token_grad=True), dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01),
+            dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01, entropy_grad=False),
+            dict(rollout_logp=roll, tis_cap=1.5, tis_scope="pg"))),
     )]
 
 

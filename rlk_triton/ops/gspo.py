@@ -34,7 +34,7 @@ from .. import configs
 from .._runtime import arch_of
 from .rl_losses import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, TIS_SCOPES, _kl_and_grad
 from .dispatch import autograd_op, direct
-from .launch import cached, cdiv
+from .launch import SLOT, Template, cached, cdiv, planned
 
 DIAGNOSTICS = ("clipfrac", "approx_kl", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl")  # policy_loss's, in its order
 N_ROWS = 7  # per-row outputs of the rows kernel: loss, s, coef, n, clipped, k3 sum, log-ratio sum
@@ -214,8 +214,14 @@ def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, n_ptr,
         tl.store(grad_ent_ptr + p, tl.where(active, up * dent, 0.0), mask=inb)
 
 
-def _token_flags(ref_logp, entropy, kl_estimator, tis_mode, tis_scope):
-    return dict(HAS_KL=ref_logp is not None, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=entropy is not None,
+def _token_terms(ref_logp, entropy, kl_estimator, tis_mode, tis_scope) -> tuple:
+    """The facts of a call that decide the token kernels' constexprs: part of a plan's key."""
+    return ref_logp is not None, entropy is not None, kl_estimator, tis_mode, tis_scope
+
+
+def _token_flags(has_ref, has_entropy, kl_estimator, tis_mode, tis_scope):
+    """The token kernels' constexprs from _token_terms."""
+    return dict(HAS_KL=has_ref, KL_EST=KL_ESTIMATORS[kl_estimator], HAS_ENTROPY=has_entropy,
                 TIS_MODE=TIS_MODES[tis_mode], TIS_PG=TIS_SCOPES[tis_scope] == 1)
 
 
@@ -239,21 +245,33 @@ def launch_forward(logp, old_logp, advantages, mask_u8, ref_logp, entropy, rollo
     loss = alloc((), dtype=torch.float32, device=dev)
     diag = alloc(len(DIAGNOSTICS), dtype=torch.float32, device=dev)
     weight = torch.empty(B, dtype=torch.float32, device=dev)
+    if not B:
+        return loss, rows[0], diag, weight, rows[2], rows[3]
     opt = lambda x: logp if x is None else x  # noqa: E731 - an unused pointer
-    if B and T:
-        cfg = _cfg("rl_policy_loss_rows", dev)
-        _gspo_rows_kernel[(B,)](logp, old_logp, advantages, mask_u8, opt(ref_logp), opt(entropy), opt(rollout_logp),
-                                *rows, T, float(clip_low), float(clip_high),
-                                *_token_args(kl_coef, entropy_coef, tis_cap),
-                                **_token_flags(ref_logp, entropy, kl_estimator, tis_mode, tis_scope),
-                                BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)
-    if B:
-        cfg = _cfg("rl_policy_loss_batch", dev)
-        _gspo_batch_kernel[(1,)](rows[0], rows[1], rows[3], rows[4], rows[5], rows[6], loss, diag, weight, B,
-                                 float(normalizer) if normalizer is not None else 1.0,
-                                 AGG=AGGREGATIONS[aggregation], HAS_NORMALIZER=normalizer is not None,
-                                 BLOCK_B=cfg.block_v, num_warps=cfg.num_warps)
+    terms = _token_terms(ref_logp, entropy, kl_estimator, tis_mode, tis_scope)
+    key = (terms, aggregation, normalizer is not None, dev)
+    token_rows, batch = planned(_FORWARD_PLANS, key, _forward_plan, terms, aggregation, normalizer is not None, dev)
+    if T:
+        token_rows((B,), logp, old_logp, advantages, mask_u8, opt(ref_logp), opt(entropy), opt(rollout_logp), *rows,
+                   T, float(clip_low), float(clip_high), *_token_args(kl_coef, entropy_coef, tis_cap))
+    batch((1,), rows[0], rows[1], rows[3], rows[4], rows[5], rows[6], loss, diag, weight, B,
+          float(normalizer) if normalizer is not None else 1.0)
     return loss, rows[0], diag, weight, rows[2], rows[3]
+
+
+_FORWARD_PLANS = configs.plan_store()  # launch_forward's (rows Template, batch Template) per key (launch.planned)
+
+
+def _forward_plan(terms, aggregation, has_normalizer, device):
+    """(the rows kernel's Template, the batch kernel's) for the token terms, the aggregation and whether
+    a normalizer is given. SLOTs: every argument but the constexprs (B and T vary per call)."""
+    cfg = _cfg("rl_policy_loss_rows", device)
+    batch = _cfg("rl_policy_loss_batch", device)
+    return (Template(_gspo_rows_kernel, (SLOT,) * 20,
+                     dict(_token_flags(*terms), BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)),
+            Template(_gspo_batch_kernel, (SLOT,) * 11,
+                     dict(AGG=AGGREGATIONS[aggregation], HAS_NORMALIZER=has_normalizer, BLOCK_B=batch.block_v,
+                          num_warps=batch.num_warps)))
 
 
 @torch.library.custom_op("rlk_triton::gspo_loss_fwd", mutates_args=())
@@ -286,15 +304,26 @@ def gspo_loss_bwd(grad_loss: torch.Tensor, grad_rows: torch.Tensor, weight: torc
     grad = torch.empty(B, T, dtype=torch.float32, device=mask.device)
     grad_ent = torch.empty(B, T, dtype=torch.float32, device=mask.device) if with_entropy_grad else grad.new_empty(0)
     if B and T:
-        cfg = _cfg("rl_policy_loss_bwd", mask.device)
         opt = lambda x: logp if x is None else x  # noqa: E731
-        _gspo_bwd_kernel[(B, cdiv(T, cfg.block_v))](
-            grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, opt(ref_logp), opt(entropy),
-            opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
-            *_token_args(kl_coef, entropy_coef, tis_cap),
-            **_token_flags(ref_logp, entropy, kl_estimator, tis_mode, tis_scope),
-            WITH_ENTROPY_GRAD=with_entropy_grad, BLOCK_T=cfg.block_v, num_warps=cfg.num_warps)
+        terms = _token_terms(ref_logp, entropy, kl_estimator, tis_mode, tis_scope)
+        block, template = planned(_BACKWARD_PLANS, (terms, with_entropy_grad, mask.device), _backward_plan, terms,
+                                  with_entropy_grad, mask.device)
+        template((B, cdiv(T, block)), grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, opt(ref_logp),
+                 opt(entropy), opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
+                 *_token_args(kl_coef, entropy_coef, tis_cap))
     return grad, grad_ent
+
+
+_BACKWARD_PLANS = configs.plan_store()  # gspo_loss_bwd's (BLOCK_T, Template) per key (launch.planned)
+
+
+def _backward_plan(terms, with_entropy_grad, device):
+    """(tokens per program, the backward's Template) for the token terms and whether the entropy's
+    gradient flows. SLOTs: every argument but the constexprs."""
+    cfg = _cfg("rl_policy_loss_bwd", device)
+    return cfg.block_v, Template(_gspo_bwd_kernel, (SLOT,) * 17,
+                                 dict(_token_flags(*terms), WITH_ENTROPY_GRAD=with_entropy_grad,
+                                      BLOCK_T=cfg.block_v, num_warps=cfg.num_warps))
 
 
 @gspo_loss_bwd.register_fake
