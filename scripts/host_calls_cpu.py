@@ -40,7 +40,7 @@ from rlk_triton import configs, native  # noqa: E402
 from rlk_triton.advantages import gae, group_advantages  # noqa: E402
 from rlk_triton.attention import attention_decode  # noqa: E402
 from rlk_triton.logp import selected_logp  # noqa: E402
-from rlk_triton.losses import policy_loss  # noqa: E402
+from rlk_triton.losses import gspo_loss, policy_loss  # noqa: E402
 from rlk_triton.ops.embedding import embedding  # noqa: E402
 from rlk_triton.ops.matmul import matmul, matmul_into  # noqa: E402
 from rlk_triton.ops.rmsnorm import rms_norm  # noqa: E402
@@ -140,6 +140,12 @@ def calls():
     def policy_fwd_bwd():  # the issue's shape; only the loss is differentiated
         return torch.autograd.grad(policy_loss(lp, old_lp, adv, mask=active)[0], lp)
 
+    seq_lp = torch.randn(64, 1024, generator=g).requires_grad_()
+    seq_old, seq_adv, seq_mask = torch.randn(64, 1024, generator=g), torch.randn(64, generator=g), active[:64, :1024]
+
+    def gspo_fwd_bwd():  # the host-overhead report's shape
+        return torch.autograd.grad(gspo_loss(seq_lp, seq_old, seq_adv, mask=seq_mask)[0], seq_lp)
+
     class NativeStandIn:  # the bindings' return values, preallocated: the Python path alone is timed
         rms = [torch.empty(8, 4096, dtype=bf), torch.empty(0, dtype=bf), torch.empty(8)]
         slp = [torch.empty(1) for _ in range(4)]
@@ -171,6 +177,7 @@ def calls():
                                                                                   backend="cuda_native"),
         "attention_decode 8 seqs x 1000 cached": lambda: attention_decode(q, kc, kc, bt, lens),
         "policy_loss fwd+bwd [256 x 4096]": policy_fwd_bwd,
+        "gspo_loss fwd+bwd [64 x 1024]": gspo_fwd_bwd,
         "gae [64 x 1024], bool mask": lambda: gae(rewards, values, response_mask, gamma=0.99, lam=0.95),
         "group_advantages 8 seqs in 2 groups, bool valid": lambda: group_advantages(
             scores, group_ids, num_groups=2, valid=valid, validate=False),
