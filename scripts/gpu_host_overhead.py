@@ -4,8 +4,8 @@ launch cache replaced), the eager path with host tensor descriptors encoded anew
 (launch.REMEMBER_DESCRIPTORS = False: Triton's own launcher; the TMA matmuls), the eager path with
 tensors passed to the launcher as tensors (launch.POINTERS_AS_INTS = False), the eager path with each
 call site's templates taking their kernel's launch (launch.TEMPLATES = False: every argument bound
-per call; matmul, rms_norm forward, rope) and every call forced through the torch.library custom op
-(the dispatcher path), same process.
+per call; matmul, rms_norm, rope, attention decode, selected_logp forward, policy_loss, gspo_loss) and
+every call forced through the torch.library custom op (the dispatcher path), same process.
 
     python scripts/gpu_host_overhead.py [--json FILE] [--time-box S]
 
