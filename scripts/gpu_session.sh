@@ -42,7 +42,7 @@ for step in ${STEPS:-native tests host ll split}; do  # native first: its record
            echo "parts: exit $?"; grep -v "^ " $OUT/parts.log | tail -c 1500 ;;
     decode) timeout ${DECODE_S:-200} python3 scripts/gpu_decode.py --out $OUT/decode.json --commit $C ${DECODE_ARGS:-} > $OUT/decode.log 2>&1
             echo "decode: exit $?"; tail -c 2500 $OUT/decode.log ;;
-    host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) > $OUT/host.log 2>&1
+    host) timeout ${HOST_S:-120} python3 scripts/gpu_host_overhead.py --json $OUT/host.json --time-box $(( ${HOST_S:-120} - 30 )) ${HOST_ARGS:-} > $OUT/host.log 2>&1
           echo "host: exit $?"; tail -c 1500 $OUT/host.log
           python3 scripts/plot_host_overhead_report.py $OUT/host.json --out $OUT/host.png > /dev/null 2>&1 || echo "no picture (matplotlib?)" ;;
     ll) timeout ${LL_S:-150} python3 scripts/gpu_linear_logp.py --out $OUT/ll.json --commit $C --time-box $(( ${LL_S:-150} - 40 )) ${LL_ARGS:-} > $OUT/ll.log 2>&1
