@@ -158,6 +158,31 @@ def test_diagnostics_are_policy_losss(device, backend):
     assert float(diag["approx_kl"]) > 0 and 0 < float(diag["clipfrac"]) <= 1
 
 
+def test_unused_upstream_gradients_are_not_materialized(device, monkeypatch):
+    """The loss alone, or the sequence terms alone, differentiated: the other upstream gradient reaches
+    the backward as None (no zeros made and read) and the gradients are those of an explicit zero."""
+    from rlk_triton.ops import gspo as ops
+
+    got_none, launch = [], ops.call_gspo_loss_bwd
+
+    def spy(g_loss, g_rows, *rest):
+        got_none.append((g_loss is None, g_rows is None))
+        return launch(g_loss, g_rows, *rest)
+    monkeypatch.setattr(ops, "call_gspo_loss_bwd", spy)
+    x = gspo_inputs(3, 40, 5, device, 0.1, empty_rows=(1,))
+    kw = dict(gspo_kwargs(x, {"clip": "ppo", **GSPO_FEATURES["everything"]})[0], mask=x["mask"])
+    for used in range(2):
+        logp = x["logp"].clone().requires_grad_(True)
+        outs = gspo_loss(logp, x["old_logp"], x["advantages"], **kw)[:2]
+        g = torch.randn(outs[used].shape, generator=torch.Generator().manual_seed(used)).to(device)
+        (alone,) = torch.autograd.grad(outs[used], logp, g, retain_graph=True)
+        ups = [torch.zeros_like(o) for o in outs]
+        ups[used] = g
+        (explicit,) = torch.autograd.grad(outs, logp, ups)
+        assert torch.equal(alone, explicit), used
+    assert got_none == [(False, True), (False, False), (True, False), (False, False)], got_none
+
+
 # ---- bitwise batch invariance ----
 
 def test_gspo_rows_are_batch_invariant(device, backend):

@@ -86,7 +86,7 @@ def _policy_calls(randn, device):
     lp, old, adv, ref, ent, roll = (randn(3, 40) * 0.1 - 2 for _ in range(6))
     mask = randn(3, 40) > -1
 
-    def run(rows=3, tokens=40, per_token_grad=False, loss_fn=policy_loss, entropy_grad=True, **kw):
+    def run(rows=3, tokens=40, per_token_grad=False, loss_grad=True, loss_fn=policy_loss, entropy_grad=True, **kw):
         x = lp[:rows, :tokens].clone().requires_grad_()
         e = ent[:rows, :tokens].clone().requires_grad_(entropy_grad) if "entropy" in kw else None
         kw = {k: (v[:rows, :tokens] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in kw.items()}
@@ -95,9 +95,10 @@ def _policy_calls(randn, device):
         a = kw.pop("advantages", adv)
         a = a[:rows] if a.dim() == 1 else a[:rows, :tokens]
         loss, per_token, diag = loss_fn(x, old[:rows, :tokens], a, mask=mask[:rows, :tokens], **kw)
-        outs = (loss, per_token) if per_token_grad else (loss,)
         ups = (torch.ones_like(loss), torch.linspace(0, 1, per_token.numel(), device=device).view_as(per_token))
-        grads = torch.autograd.grad(outs, (x,) if e is None or not entropy_grad else (x, e), ups[:len(outs)])
+        outs = [(o, u) for o, u, on in zip((loss, per_token), ups, (loss_grad, per_token_grad)) if on]
+        grads = torch.autograd.grad([o for o, _ in outs], (x,) if e is None or not entropy_grad else (x, e),
+                                    [u for _, u in outs])
         return loss, per_token, *diag.values(), *grads
 
     return [functools.partial(run, **kw) for kw in (
@@ -110,7 +111,8 @@ def _policy_calls(randn, device):
         dict(rollout_logp=roll, tis_cap=1.5, tis_mode="mask", tis_scope="pg"),
         *(dict(loss_fn=gspo_loss, advantages=adv[:, 0], **kw) for kw in (
             {}, dict(rows=2), dict(tokens=17), dict(normalizer=57.0), dict(aggregation="token-mean"),
-            dict(per_token_grad=True), dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01),
+            dict(per_token_grad=True), dict(per_token_grad=True, loss_grad=False),
+            dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01),
             dict(ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01, entropy_grad=False),
             dict(rollout_logp=roll, tis_cap=1.5, tis_scope="pg"))),
     )]

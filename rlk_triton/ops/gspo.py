@@ -186,7 +186,10 @@ def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, n_ptr,
                      logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, grad_ptr, grad_ent_ptr,
                      T, kl_coef, ent_coef, tis_cap,
                      HAS_KL: tl.constexpr, KL_EST: tl.constexpr, HAS_ENTROPY: tl.constexpr, TIS_MODE: tl.constexpr,
-                     TIS_PG: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, BLOCK_T: tl.constexpr):
+                     TIS_PG: tl.constexpr, WITH_ENTROPY_GRAD: tl.constexpr, HAS_LOSS_GRAD: tl.constexpr,
+                     HAS_ROW_GRAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    # An upstream gradient autograd did not give (the loss or the sequence terms left out) is a zero
+    # that is not read: the sum of the other term alone.
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     inb = offs < T
@@ -194,7 +197,12 @@ def _gspo_bwd_kernel(grad_loss_ptr, grad_rows_ptr, weight_ptr, coef_ptr, n_ptr,
     active, _lp, _old, tis, _e, dextra = _gspo_token(
         logp_ptr, old_ptr, mask_ptr, ref_ptr, ent_ptr, roll_ptr, p, inb, kl_coef, ent_coef, tis_cap,
         HAS_KL, KL_EST, HAS_ENTROPY, TIS_MODE)
-    up = tl.load(grad_loss_ptr) * tl.load(weight_ptr + row) + tl.load(grad_rows_ptr + row)
+    if HAS_LOSS_GRAD:
+        up = tl.load(grad_loss_ptr) * tl.load(weight_ptr + row)
+        if HAS_ROW_GRAD:
+            up = up + tl.load(grad_rows_ptr + row)
+    else:
+        up = tl.load(grad_rows_ptr + row)
     n1 = tl.maximum(tl.load(n_ptr + row), 1.0)
     d = tl.zeros((BLOCK_T,), tl.float32) + tl.load(coef_ptr + row)
     dent = tl.zeros((BLOCK_T,), tl.float32) + (-ent_coef / n1)
@@ -294,7 +302,8 @@ def _(logp, *rest):
 
 
 @torch.library.custom_op("rlk_triton::gspo_loss_bwd", mutates_args=())
-def gspo_loss_bwd(grad_loss: torch.Tensor, grad_rows: torch.Tensor, weight: torch.Tensor, coef: torch.Tensor,
+def gspo_loss_bwd(grad_loss: Optional[torch.Tensor], grad_rows: Optional[torch.Tensor], weight: torch.Tensor,
+                  coef: torch.Tensor,
                   n: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
                   ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor],
                   rollout_logp: Optional[torch.Tensor], kl_coef: float, kl_estimator: str, entropy_coef: float,
@@ -304,32 +313,36 @@ def gspo_loss_bwd(grad_loss: torch.Tensor, grad_rows: torch.Tensor, weight: torc
     grad = torch.empty(B, T, dtype=torch.float32, device=mask.device)
     grad_ent = torch.empty(B, T, dtype=torch.float32, device=mask.device) if with_entropy_grad else grad.new_empty(0)
     if B and T:
-        opt = lambda x: logp if x is None else x  # noqa: E731
+        opt = lambda x: logp if x is None else x  # noqa: E731 - an unused pointer
         terms = _token_terms(ref_logp, entropy, kl_estimator, tis_mode, tis_scope)
-        block, template = planned(_BACKWARD_PLANS, (terms, with_entropy_grad, mask.device), _backward_plan, terms,
-                                  with_entropy_grad, mask.device)
-        template((B, cdiv(T, block)), grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, opt(ref_logp),
-                 opt(entropy), opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
+        upstream = (grad_loss is not None, grad_rows is not None)
+        block, template = planned(_BACKWARD_PLANS, (terms, with_entropy_grad, upstream, mask.device), _backward_plan,
+                                  terms, with_entropy_grad, upstream, mask.device)
+        template((B, cdiv(T, block)), opt(grad_loss), opt(grad_rows), weight, coef, n, logp, old_logp, mask,
+                 opt(ref_logp), opt(entropy), opt(rollout_logp), grad, grad_ent if with_entropy_grad else grad, T,
                  *_token_args(kl_coef, entropy_coef, tis_cap))
     return grad, grad_ent
-
-
-_BACKWARD_PLANS = configs.plan_store()  # gspo_loss_bwd's (BLOCK_T, Template) per key (launch.planned)
-
-
-def _backward_plan(terms, with_entropy_grad, device):
-    """(tokens per program, the backward's Template) for the token terms and whether the entropy's
-    gradient flows. SLOTs: every argument but the constexprs."""
-    cfg = _cfg("rl_policy_loss_bwd", device)
-    return cfg.block_v, Template(_gspo_bwd_kernel, (SLOT,) * 17,
-                                 dict(_token_flags(*terms), WITH_ENTROPY_GRAD=with_entropy_grad,
-                                      BLOCK_T=cfg.block_v, num_warps=cfg.num_warps))
 
 
 @gspo_loss_bwd.register_fake
 def _(grad_loss, grad_rows, weight, coef, n, logp, old_logp, mask, ref_logp, entropy, rollout_logp, kl_coef,
       kl_estimator, entropy_coef, tis_mode, tis_cap, with_entropy_grad, tis_scope="loss"):
     return logp.new_empty(logp.shape), logp.new_empty(logp.shape) if with_entropy_grad else logp.new_empty(0)
+
+
+_BACKWARD_PLANS = configs.plan_store()  # gspo_loss_bwd's (BLOCK_T, Template) per key (launch.planned)
+
+
+def _backward_plan(terms, with_entropy_grad, upstream, device):
+    """(tokens per program, the backward's Template) for the token terms, whether the entropy's
+    gradient flows and which upstream gradients (loss, sequence terms) there are. SLOTs: every
+    argument but the constexprs."""
+    cfg = _cfg("rl_policy_loss_bwd", device)
+    has_loss_grad, has_row_grad = upstream
+    return cfg.block_v, Template(_gspo_bwd_kernel, (SLOT,) * 17,
+                                 dict(_token_flags(*terms), WITH_ENTROPY_GRAD=with_entropy_grad,
+                                      HAS_LOSS_GRAD=has_loss_grad, HAS_ROW_GRAD=has_row_grad,
+                                      BLOCK_T=cfg.block_v, num_warps=cfg.num_warps))
 
 
 _PARAMS = ("clip_low", "clip_high", "normalizer", "kl_coef", "kl_estimator", "entropy_coef", "tis_mode", "tis_cap",
@@ -347,10 +360,14 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, g_loss, g_rows, _g_diag, _g_weight, _g_coef, _g_n):
     weight, coef, n, logp, old_logp, mask, ref_logp, entropy, rollout_logp = ctx.saved_tensors
     p = ctx.params
-    g_loss = torch.zeros((), device=mask.device) if g_loss is None else g_loss.contiguous()
-    g_rows = torch.zeros(mask.shape[0], device=mask.device) if g_rows is None else g_rows.contiguous()
+    # An upstream gradient autograd left out stays None (the kernel reads no zeros); with neither (a
+    # backward through the diagnostics only), the loss's zero stands for both
+    if g_loss is None and g_rows is None:
+        g_loss = torch.zeros((), device=mask.device)
+    g_loss = None if g_loss is None else g_loss.float().contiguous()
+    g_rows = None if g_rows is None else g_rows.float().contiguous()
     with_entropy_grad = entropy is not None and ctx.needs_input_grad[5]
-    grad, grad_ent = call_gspo_loss_bwd(g_loss.float(), g_rows.float(), weight, coef, n, logp, old_logp, mask, ref_logp,
+    grad, grad_ent = call_gspo_loss_bwd(g_loss, g_rows, weight, coef, n, logp, old_logp, mask, ref_logp,
                                         entropy, rollout_logp, p["kl_coef"], p["kl_estimator"], p["entropy_coef"],
                                         p["tis_mode"], p["tis_cap"], with_entropy_grad, p["tis_scope"])
     grads = [None] * (7 + len(_PARAMS))
