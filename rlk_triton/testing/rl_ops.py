@@ -223,6 +223,21 @@ def ratio_kl_grad_sensitivity(x, estimator, clamp, g_lr, g_r, g_kl):
 
 # ---- running and judging a case ----
 
+def assert_unused_outputs_are_zeros(outputs_of, x, n_outputs):
+    """For each of a loss's first n_outputs differentiated alone (a seeded upstream gradient), x's
+    gradient has the bits of the same backward with explicit zero gradients for the other outputs:
+    what the op's backward makes of the gradients autograd leaves out (None). outputs_of(x) -> outputs."""
+    for used in range(n_outputs):
+        xg = x.detach().clone().requires_grad_(True)
+        outs = outputs_of(xg)[:n_outputs]
+        g = torch.randn(outs[used].shape, generator=torch.Generator().manual_seed(used)).to(x.device)
+        (alone,) = torch.autograd.grad(outs[used], xg, g, retain_graph=True)
+        ups = [torch.zeros_like(o) for o in outs]
+        ups[used] = g
+        (explicit,) = torch.autograd.grad(outs, xg, ups)
+        assert torch.equal(alone, explicit), f"output {used} differentiated alone"
+
+
 def run_policy(inputs, spec, grad_loss=1.3, token_grad_seed=None, backend="triton"):
     """Ours and the reference, values and gradients: (ours, ref, kw64, terms, weights, g_tok)."""
     ours_kw, ref_kw = policy_kwargs(inputs, spec)
