@@ -20,8 +20,11 @@ cheapest forward + backward (autograd.grad of x * 2 over 16 elements): the host 
 fwd+bwd call, which each fwd+bwd row's target is also given on top of (target_beyond_autograd_floor_ms).
 Every wall is the median of --loops loops of calls (default 5): on a shared host one loop can be hit
 by another process, which raised single-loop rows by up to 63% between two runs on one H200 machine.
-The JSON is rewritten after every case, so a
-time-boxed run keeps what it measured.
+Each row records `elements`, the most elements of any tensor the call passes to or gets back from
+torch (its inputs, weights and outputs), and the report a `verdict` on the issue's targets: every
+forward row of >= 1M elements within max(1.25 x device, device + 30 us), policy_loss fwd+bwd
+[256 x 4096] no slower than eager torch, rms_norm fwd+bwd [16384 x 4096] <= 2x its device time.
+The JSON is rewritten after every case, so a time-boxed run keeps what it measured.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ import json
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from rlk_triton.bench import FAMILIES, cases, timing
 from rlk_triton.bench.report import device_ms, header
@@ -95,6 +100,59 @@ def _tensors(out) -> list:
     return []
 
 
+class _LargestTensor(TorchFunctionMode):
+    """Records the most elements of any tensor passed to or returned by a torch function or tensor
+    method called at the mode's level (nested calls inside one run without the mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        for a in tree_leaves((args, kwargs, out)):
+            if isinstance(a, torch.Tensor):
+                self.most = max(self.most, a.numel())
+        return out
+
+
+def _elements(fn) -> int | None:
+    """The size the issue's targets are scoped by: the most elements of any tensor one call of fn
+    touches (None when the probe fails: the row is then left out of the verdict, not judged)."""
+    try:
+        with _LargestTensor() as probe:
+            fn()
+        return probe.most
+    except Exception:  # noqa: BLE001 - a probe, never a reason to lose the row
+        return None
+
+
+IN_SCOPE = 1_000_000  # the issue's "sizes >= 1M elements"
+
+
+def verdict(rows: list) -> dict:
+    """The issue's host-time targets, judged from the rows measured so far."""
+    def named(op, case):
+        return next((r for r in rows if r["op"] == op and r["case"] == case), None)
+
+    forward = [r for r in rows if r["op"] != "torch" and "bwd" not in r["case"]]
+    scoped = [r for r in forward if r.get("elements") is not None and r["elements"] >= IN_SCOPE]
+    out = {"forward_rows_in_scope": len(scoped),
+           "forward_rows_missing_target": [f"{r['op']} {r['case']}" for r in scoped if not r["meets_target"]],
+           "forward_rows_unsized": [f"{r['op']} {r['case']}" for r in forward if r.get("elements") is None]}
+    policy = named("policy_loss", "fwd+bwd [256 x 4096] (issue target)")
+    if policy is not None and "torch_eager_wall_ms" in policy:
+        out["policy_loss_wall_over_eager_torch"] = policy["wall_eager_ms"] / policy["torch_eager_wall_ms"]
+    norm = named("rmsnorm", "fwd+bwd [16384 x 4096] (issue target)")
+    if norm is not None:
+        out["rmsnorm_wall_over_device"] = norm["wall_eager_ms"] / norm["device_ms"]
+    out["meets"] = (bool(scoped) and not out["forward_rows_missing_target"] and not out["forward_rows_unsized"]
+                    and out.get("policy_loss_wall_over_eager_torch", 2.0) <= 1.0
+                    and out.get("rmsnorm_wall_over_device", 3.0) <= 2.0)
+    return out
+
+
 def _target_ms(dev: float) -> float:
     return max(1.25 * dev, dev + 0.030)
 
@@ -148,7 +206,7 @@ def main() -> int:
                    "launch_cache_bitwise": len(got) == len(want) and all(
                        torch.equal(a, b) for a, b in zip(want, got)),
                    "wall_dispatcher_ms": walls["dispatcher"], "target_ms": _target_ms(dev),
-                   "meets_target": walls["eager"] <= _target_ms(dev)}
+                   "meets_target": walls["eager"] <= _target_ms(dev), "elements": _elements(bound.rlk)}
             eager_baseline = next((b.fn for b in bound.baselines if b.kind == "eager"), None)
             if eager_baseline is not None:
                 row["torch_eager_wall_ms"] = timing.wall_ms(eager_baseline, device="cuda", loops=args.loops) / k
@@ -173,6 +231,7 @@ def main() -> int:
                 row["target_beyond_autograd_floor_ms"] = row["target_ms"] + floor / k
                 row["meets_target_beyond_autograd_floor"] = walls["eager"] <= row["target_beyond_autograd_floor_ms"]
             report["rows"].append(row)
+            report["verdict"] = verdict(report["rows"])
             print(f"{op:16s} {label:44s} dev {dev:8.4f}  wall eager {walls['eager']:8.4f}  no cache "
                   f"{walls['no launch cache']:8.4f}  re-encoded {walls['descriptors re-encoded']:8.4f}  tensors "
                   f"{walls['tensors to the launcher']:8.4f}  no templates {walls['no templates']:8.4f}  dispatcher "
