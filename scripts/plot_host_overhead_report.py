@@ -38,6 +38,10 @@ def _panel(ax, rows: list[dict], with_floor: bool) -> None:
     wall = [r["wall_eager_ms"] * US for r in rows]
     met = [r["meets_target_beyond_autograd_floor"] if with_floor else r["meets_target"] for r in rows]
     bars = ax.barh(ys, wall, 0.6, color=["#1b9e77" if m else "#d95f02" for m in met], zorder=2)
+    for bar, r in zip(bars, rows):  # a forward row below the issue's 1M elements: outside its target's scope
+        if r.get("in_issue_scope") is False:
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
     ax.bar_label(bars, fmt="%.0f", fontsize=6.5, padding=2)
     ax.scatter([r["device_ms"] * US for r in rows], ys, marker="o", s=22, color="black", zorder=3,
                label="device time (CUDA graph)")
@@ -69,14 +73,20 @@ def plot(report: dict, path: Path) -> Path:
         raise ValueError("the report has no autograd floor row (scripts/gpu_host_overhead.py before 92ea477)")
     fig, (left, right) = plt.subplots(1, 2, figsize=(17, max(6, 0.3 * max(len(fwd), len(bwd)) + 2.5)))
     _panel(left, fwd, with_floor=False)
-    left.set_title("forward calls: wall time per call (bar green: within the target; * the issue's named shapes)", fontsize=10)
+    left.set_title("forward calls: wall time per call (bar green: within the target; * the issue's named shapes)"
+                   + ("\n(hatched: below 1M elements, outside the target's scope)"
+                      if any("in_issue_scope" in r for r in fwd) else ""), fontsize=10)
     left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2)
     _panel(right, bwd, with_floor=True)
     right.set_title(f"forward + backward: autograd's floor (torch x * 2) {floor['torch_eager_wall_ms'] * US:.0f} us, "
                     f"{floor['torch_eager_backward_on_caller_wall_ms'] * US:.0f} on the caller\n"
                     "(bar green: within target + floor)", fontsize=10)
     right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2)
-    return report_figure.finish(fig, report | report.get("versions", {}), "host overhead of eager calls", path)
+    verdict = report.get("verdict")
+    title = "host overhead of eager calls"
+    if verdict is not None:
+        title += " (issue targets: " + ("all met" if verdict["meets"] else "not all met") + ")"
+    return report_figure.finish(fig, report | report.get("versions", {}), title, path)
 
 
 def main(argv=None) -> int:

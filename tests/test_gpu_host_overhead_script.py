@@ -94,6 +94,9 @@ def test_elements_and_the_verdict_on_the_issues_targets(run):
     by_case = {r["case"]: r for r in report["rows"]}
     assert by_case["fwd [4 x 8] bfloat16"]["elements"] == 2_000_000
     assert by_case["M=1 N=4096 K=4096 (a @ w.t())"]["elements"] == 3  # the stub touches 3-element tensors
+    assert by_case["fwd [4 x 8] bfloat16"]["in_issue_scope"] and not by_case["M=1 N=4096 K=4096 (a @ w.t())"][
+        "in_issue_scope"]
+    assert all("in_issue_scope" not in r for r in report["rows"] if "bwd" in r["case"] or r["op"] == "torch")
     v = report["verdict"]
     assert v["forward_rows_in_scope"] == 1 and v["forward_rows_missing_target"] == ["swiglu fwd [4 x 8] bfloat16"]
     assert v["policy_loss_wall_over_eager_torch"] == pytest.approx(0.3)

@@ -39,3 +39,28 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "host.png"
     assert plot_report.main([str(H100), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_outside_the_targets_scope_are_hatched_and_the_verdict_titled(tmp_path, monkeypatch):
+    """A forward row below 1M elements (in_issue_scope False) is drawn hatched; a report with a verdict
+    says in its title whether the issue's targets are all met."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    report = json.loads(H100.read_text())
+    fwd, _, _ = plot_report.panels(report)
+    for i, r in enumerate(fwd):
+        r["in_issue_scope"] = i != 0
+    fig, ax = plt.subplots()
+    plot_report._panel(ax, fwd, with_floor=False)
+    assert [bar.get_hatch() for bar in ax.patches[:2]] == ["//", None]
+    plt.close(fig)
+    titles = []
+
+    def finish(fig, rep, what, path):
+        titles.append(what)
+        plt.close(fig)
+        return path
+    monkeypatch.setattr(plot_report.report_figure, "finish", finish)
+    for meets in (True, False):
+        plot_report.plot(report | {"verdict": {"meets": meets}}, tmp_path / "x.png")
+    assert titles == ["host overhead of eager calls (issue targets: all met)",
+                      "host overhead of eager calls (issue targets: not all met)"]
