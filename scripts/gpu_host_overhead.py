@@ -148,8 +148,8 @@ def verdict(rows: list) -> dict:
     if norm is not None:
         out["rmsnorm_wall_over_device"] = norm["wall_eager_ms"] / norm["device_ms"]
     out["meets"] = (bool(scoped) and not out["forward_rows_missing_target"] and not out["forward_rows_unsized"]
-                    and out.get("policy_loss_wall_over_eager_torch", 2.0) <= 1.0
-                    and out.get("rmsnorm_wall_over_device", 3.0) <= 2.0)
+                    and "policy_loss_wall_over_eager_torch" in out and out["policy_loss_wall_over_eager_torch"] <= 1.0
+                    and "rmsnorm_wall_over_device" in out and out["rmsnorm_wall_over_device"] <= 2.0)
     return out
 
 
@@ -189,9 +189,9 @@ def main() -> int:
             dev, clock = device_ms(bound.rlk, "cuda")
             dev /= k
             walls = {}
-            # eager twice: the first one warms up every path
-            for name in ("eager", "no launch cache", "descriptors re-encoded", "tensors to the launcher",
-                         "no templates", "dispatcher", "eager"):
+            timing.wall_ms(bound.rlk, device="cuda")  # one loop that warms every path up
+            for name in ("no launch cache", "descriptors re-encoded", "tensors to the launcher", "no templates",
+                         "dispatcher", "eager"):
                 _path(name)
                 walls[name] = timing.wall_ms(bound.rlk, device="cuda", loops=args.loops) / k
             _path("no launch cache")  # Triton's own launch of every kernel
@@ -230,7 +230,7 @@ def main() -> int:
             if "bwd" in label:  # the target with the floor that torch's own autograd sets (_autograd_floor)
                 row["target_beyond_autograd_floor_ms"] = row["target_ms"] + floor / k
                 row["meets_target_beyond_autograd_floor"] = walls["eager"] <= row["target_beyond_autograd_floor_ms"]
-            if "bwd" not in label:  # the forward rows the issue's first target is scoped by size
+            else:  # the forward rows the issue's first target is scoped by size
                 row["in_issue_scope"] = None if row["elements"] is None else row["elements"] >= IN_SCOPE
             report["rows"].append(row)
             report["verdict"] = verdict(report["rows"])

@@ -303,8 +303,7 @@ def _(logp, *rest):
 
 @torch.library.custom_op("rlk_triton::gspo_loss_bwd", mutates_args=())
 def gspo_loss_bwd(grad_loss: Optional[torch.Tensor], grad_rows: Optional[torch.Tensor], weight: torch.Tensor,
-                  coef: torch.Tensor,
-                  n: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                  coef: torch.Tensor, n: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
                   ref_logp: Optional[torch.Tensor], entropy: Optional[torch.Tensor],
                   rollout_logp: Optional[torch.Tensor], kl_coef: float, kl_estimator: str, entropy_coef: float,
                   tis_mode: str, tis_cap: Optional[float], with_entropy_grad: bool, tis_scope: str = "loss",

@@ -599,8 +599,8 @@ def launch_policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entro
         n_tiles = cdiv(T, block)
         tile_stats = torch.empty((B, n_tiles, N_ROW_STATS), dtype=torch.float32, device=dev)
         tokens((B, n_tiles), *inputs, per_token, tile_stats, T, *token)
-        fold_rows, fold = fold
-        fold((cdiv(B, fold_rows),), tile_stats, row_stats, B, n_tiles)
+        fold_rows, fold_rows_template = fold
+        fold_rows_template((cdiv(B, fold_rows),), tile_stats, row_stats, B, n_tiles)
     else:
         tokens((B,), *inputs, per_token, row_stats, T, *token)
     batch((1,), row_stats, B, normalizer_tensor if normalizer_tensor is not None else loss,
