@@ -363,6 +363,40 @@ def test_a_template_with_descriptor_slots_launches_through_the_remembered_maps(f
     assert kernel.c_launches[0][13] == ("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1))
 
 
+def test_descriptor_slots_launch_as_the_built_descriptors_with_maps_remembered_per_address(fake_cuda, monkeypatch):
+    """A DescriptorSlot's tensor (the call site fixes its layout) is bound as a tensor and launched
+    through the C launcher with the arguments the kernel's own launch of the built descriptor gives, a
+    transposed slot's map over the transpose; each map is encoded once per base address; with the
+    maps off, the wrapper encodes the built descriptors: the same C launch."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, w = torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(48, 64, dtype=torch.bfloat16)
+    kernel = _DescKernel(positions=(0, 1))
+    k = launch.CachedLaunch(_OneKernelJit(kernel))
+    t = launch.Template(k, (launch.DescriptorSlot((16, 32)), launch.DescriptorSlot((16, 32), True), 64),
+                        {"BLOCK": 32})
+    args = t.arguments((m, w.t()))
+    assert [type(a) for a in args[:2]] == [launch.Descriptor] * 2 and args[1].tensor.shape == (48, 64)
+    t((2,), m, w.t())  # the kernel's launch: the JIT
+    t((2,), m, w.t())  # remembered: the template's maps
+    k[(2,)](launch.Descriptor(m, (16, 32)), launch.Descriptor(w, (16, 32)), 64, BLOCK=32)
+    ours, own = kernel.c_launches
+    assert ours == own and ours[18] == ("map", w.data_ptr(), "m1", (48, 64), (64, 1))
+    encoded = len(kernel.encodings)  # two by the template, two by the kernel's own launch
+    t((2,), m, w.t())
+    assert len(kernel.encodings) == encoded and kernel.c_launches[-1] == own
+    m2 = torch.ones(64, 64, dtype=torch.bfloat16)  # another address: its map encoded, w's remembered
+    t((2,), m2, w.t())
+    assert len(kernel.encodings) == encoded + 1 and kernel.c_launches[-1][13][1] == m2.data_ptr()
+    monkeypatch.setattr(launch, "REMEMBER_DESCRIPTORS", False)
+    t((2,), m, w.t())
+    assert kernel.c_launches[-1] == own and len(kernel.encodings) == encoded + 3  # the wrapper encodes both
+    interpreted = _Jit()  # the interpreter's kernel takes Triton's own descriptors
+    launch.Template(interpreted, (launch.DescriptorSlot((16, 32), True), 64), {"BLOCK": 32})((1,), w.t())
+    built = interpreted.jit_launches[0][1][0]
+    assert type(built) is TensorDescriptor and built.base.data_ptr() == w.data_ptr() and list(built.shape) == [48, 64]
+
+
 def test_under_the_interpreter_kernels_are_not_wrapped():
     from rlk_triton._runtime import interpreter_active
     from rlk_triton.ops import rmsnorm
@@ -407,10 +441,7 @@ def test_cached_launches_use_the_jits_kernel_and_give_its_bits(monkeypatch):
     def checking_template(self, grid, *values):  # a call site's template (matmul's plans): the JIT's kernel too
         ck = original_template(self, grid, *values)
         if launch.ENABLED and self.remembers and ck is not None:
-            args = list(self.args)
-            for i, v in zip(self.slots, values):
-                args[i] = v
-            want = self.kernel.jit.run(*launch._built(args), grid=grid, warmup=True, **self.meta)
+            want = self.kernel.jit.run(*launch._built(self.arguments(values)), grid=grid, warmup=True, **self.meta)
             assert want is ck, self.kernel.jit.fn.__name__
             checked.append("template " + self.kernel.jit.fn.__name__)
         return ck

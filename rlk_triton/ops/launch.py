@@ -40,7 +40,9 @@ A call site that repeats its shapes can fix its launch once per shape: `Template
 with SLOT at the positions each call gives (the tensors, and whatever else varies), kept per shape by
 `planned`. A call then binds the SLOTs' values only; the rest of the signature was taken when the
 template was made. It remembers, per (device, SLOT signature), the entry the kernel's own launch made
-for the full arguments: the same kernel, the same bits.
+for the full arguments: the same kernel, the same bits. A `DescriptorSlot` is a SLOT given as a tensor
+that the kernel takes as a host descriptor, for a call site whose key fixes the tensor's shape and
+strides: the template remembers its maps per base address alone.
 
 Every call goes through the JIT:
 - under the interpreter (`cached` returns the interpreted function itself);
@@ -230,7 +232,7 @@ class DescriptorLaunch:
                    run.launch_cooperative_grid, run.launch_pdl)
 
     def __call__(self, gx, gy, gz, stream, function, packed, args):
-        flat, start = [], 0
+        encodings = []
         for i, meta, remembered in self.descriptors:
             d = args[i]
             if type(d) is Descriptor:
@@ -240,15 +242,30 @@ class DescriptorLaunch:
                 key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides))
             encoded = remembered.get(key)
             if encoded is None:
-                if len(remembered) >= MAPS_PER_DESCRIPTOR:
-                    remembered.clear()
-                encoded = remembered[key] = tuple(self.make_arg(d.build() if type(d) is Descriptor else d, meta))
+                encoded = remember(remembered, key, tuple(self.make_arg(d.build() if type(d) is Descriptor else d,
+                                                                        meta)))
+            encodings.append(encoded)
+        self.launch_encoded(gx, gy, gz, stream, function, packed, args, encodings)
+
+    def launch_encoded(self, gx, gy, gz, stream, function, packed, args, encodings):
+        """The C launch of args with the descriptor at each of this kernel's descriptor positions given as
+        its encoded arguments (encodings, in position order)."""
+        flat, start = [], 0
+        for (i, _, _), encoded in zip(self.descriptors, encodings):
             flat += args[start:i]
             flat += encoded
             start = i + 1
         flat += args[start:]
         self.c_launch(gx, gy, gz, stream, function, self.cooperative, self.pdl, None, None, packed, None, None, None,
                       *flat)
+
+
+def remember(maps: dict, key, encoded: tuple) -> tuple:
+    """maps[key] = encoded, with at most MAPS_PER_DESCRIPTOR maps kept (all dropped when full)."""
+    if len(maps) >= MAPS_PER_DESCRIPTOR:
+        maps.clear()
+    maps[key] = encoded
+    return encoded
 
 
 class CachedLaunch:
@@ -312,6 +329,23 @@ class CachedLaunch:
 SLOT = object()  # a Template's positional argument that each call gives
 
 
+class DescriptorSlot(NamedTuple):
+    """A Template's positional argument that each call gives as a tensor and the kernel takes as a host
+    descriptor over all of it (over its transpose, with transposed) in blocks of block_shape.
+
+    For a call site whose plan key fixes that tensor's dtype, shape and strides (matmul's plans): its
+    descriptors then differ from call to call by base address alone, so a call binds the tensor as a
+    tensor (its dtype and alignment, as the descriptor's facts would give with the rest fixed) and the
+    template keeps each descriptor's encoded map per base address: no descriptor object, transpose or
+    (address, shape, strides) key per call."""
+    block_shape: tuple
+    transposed: bool = False
+
+    def over(self, kernel, tensor: torch.Tensor):
+        """The descriptor argument for a call's tensor (host_descriptor)."""
+        return host_descriptor(kernel, tensor.t() if self.transposed else tensor, self.block_shape)
+
+
 class Template:
     """`kernel[grid](*args, **meta)` with the keyword arguments and every positional argument but the
     SLOTs fixed; a call gives the grid and the SLOTs' values in order: `template(grid, *values)`.
@@ -323,19 +357,32 @@ class Template:
     launch remembers for the full arguments, which a first call asks it for (CachedLaunch.launch: the
     JIT's kernel, the same bits). Whatever the kernel's launch would not remember (a hook, the cache
     off, a callable grid, an argument type bind does not know) takes the kernel's launch every call.
-    A template holds no tensor: SLOTs are where the tensors go."""
+    A template holds no tensor: SLOTs and DescriptorSlots are where the tensors go."""
 
     def __init__(self, kernel, args: tuple, meta: dict):
         self.kernel, self.meta, self.args = kernel, dict(meta), tuple(args)
-        self.slots = tuple([i for i, a in enumerate(args) if a is SLOT])
-        fixed = bind(tuple([a for a in args if a is not SLOT]))
+        given = [a is SLOT or type(a) is DescriptorSlot for a in args]
+        self.slots = tuple([i for i, g in enumerate(given) if g])
+        # (index among a call's values, the slot) of each DescriptorSlot, in position order
+        self.descriptor_slots = tuple([(k, args[i]) for k, i in enumerate(self.slots)
+                                       if type(args[i]) is DescriptorSlot])
+        fixed = bind(tuple([a for a, g in zip(args, given) if not g]))
         self.remembers = (type(kernel) is CachedLaunch and fixed is not None
                           and all(type(v) in _META_TYPES and v == v for v in meta.values()))
         if self.remembers:
             passed = iter(fixed[1])
-            self.passed = [None if a is SLOT else next(passed) for a in args]
+            self.passed = [None if g else next(passed) for g in given]
             self.meta_key = tuple(self.meta.items())
-        self.entries = {}
+        self.entries = {}  # (device, SLOT signature) -> (the kernel's entry, a map store per DescriptorSlot)
+
+    def arguments(self, values) -> tuple:
+        """The kernel's positional arguments for a call's SLOT values: a DescriptorSlot's tensor as its
+        host descriptor."""
+        args = list(self.args)
+        for i, v in zip(self.slots, values):
+            slot = args[i]
+            args[i] = v if slot is SLOT else slot.over(self.kernel, v)
+        return tuple(args)
 
     def __call__(self, grid, *values):
         if len(values) != len(self.slots):
@@ -345,24 +392,50 @@ class Template:
             bound = bind(values)
         if bound is not None:
             device = torch.cuda.current_device()
-            entry = self.entries.get((device, bound[0]))
-            if entry is not None:
+            hit = self.entries.get((device, bound[0]))
+            if hit is not None:
+                entry, maps = hit
                 passed = self.passed.copy()
                 for i, v in zip(self.slots, bound[1]):
                     passed[i] = v
-                CachedLaunch._run(entry, grid, device, tuple(passed))
+                if self.descriptor_slots:
+                    self._run_descriptors(entry, maps, grid, device, passed, values)
+                else:
+                    CachedLaunch._run(entry, grid, device, tuple(passed))
                 return entry[0]
-        args = list(self.args)
-        for i, v in zip(self.slots, values):
-            args[i] = v
+        args = self.arguments(values)
         if type(self.kernel) is not CachedLaunch:  # the interpreter's kernel
             return self.kernel[grid](*args, **self.meta)
-        kernel = self.kernel.launch(grid, tuple(args), self.meta)
+        kernel = self.kernel.launch(grid, args, self.meta)
         if bound is not None:  # the entry the kernel's launch made or used for these arguments, if any
             entry = self.kernel._entries.get((device, signature(args), self.meta_key))
-            if entry is not None:
-                self.entries[(device, bound[0])] = entry
+            by_maps = entry[6] if entry is not None else None
+            if entry is not None and (by_maps is None or [i for i, _, _ in by_maps.descriptors]
+                                      == [self.slots[k] for k, _ in self.descriptor_slots]):
+                self.entries[(device, bound[0])] = (entry, tuple([{} for _ in self.descriptor_slots]))
         return kernel
+
+    def _run_descriptors(self, entry, maps, grid, device, passed, values):
+        """A remembered launch with DescriptorSlots: through the C launcher with each descriptor's map
+        remembered per base address (maps, one store per slot), or with the descriptors built where
+        the kernel's launcher is another's (DescriptorLaunch.of) or the maps are off."""
+        by_maps = entry[6]
+        if by_maps is None or not REMEMBER_DESCRIPTORS:
+            for k, slot in self.descriptor_slots:
+                passed[self.slots[k]] = slot.over(self.kernel, values[k])
+            CachedLaunch._run(entry, grid, device, tuple(passed))
+            return
+        encodings = []
+        for (k, slot), (_, meta, _), store in zip(self.descriptor_slots, by_maps.descriptors, maps):
+            x = values[k]
+            ptr = x.data_ptr()
+            encoded = store.get(ptr)
+            if encoded is None:
+                encoded = remember(store, ptr, tuple(by_maps.make_arg(slot.over(self.kernel, x).build(), meta)))
+            encodings.append(encoded)
+        n = len(grid)
+        by_maps.launch_encoded(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream_handle(device),
+                               entry[2], entry[3], tuple(passed) + entry[4], encodings)
 
 
 PLANS_MAX = 1024  # plans kept per call site; a call site's plans are all dropped when it has this many

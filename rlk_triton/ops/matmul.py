@@ -32,7 +32,7 @@ from .. import configs
 from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import DeviceError, DTypeError, ShapeError
 from .dispatch import autograd_op, direct
-from .launch import SLOT, Template, cached, cdiv, host_descriptor, planned
+from .launch import SLOT, DescriptorSlot, Template, cached, cdiv, planned
 
 # Under the interpreter tl.dot on bf16 operands is wrong; upcasting them to fp32 first is exact
 # (a bf16 x bf16 product fits in fp32).
@@ -367,12 +367,12 @@ class _Plan:
         N = b.shape[1]
         cfg = cfg or configs.lookup_matmul("matmul", arch_of(a.device), a.dtype, rows=M, cols=N)
         upcast, ieee = operand_flags(a.dtype)
-        self.a_t = a_t = a.stride(0) == 1 and a.stride(1) != 1
-        self.b_t = b_t = b.stride(0) == 1 and b.stride(1) != 1
+        a_t = a.stride(0) == 1 and a.stride(1) != 1
+        b_t = b.stride(0) == 1 and b.stride(1) != 1
         a_rows = a.t() if a_t else a  # the operands as their descriptors see them: unit last stride
         b_rows = b.t() if b_t else b
-        self.a_block = (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)
-        self.b_block = (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)
+        a_block = (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)
+        b_block = (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)
         self.tma = None
         self.grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
         if cfg.persistent_tma and tma_layout(a_rows) and tma_layout(b_rows) and out.stride(1) == 1 \
@@ -380,7 +380,8 @@ class _Plan:
             n_progs = persistent_programs(a.device, self.grid[0])
             self.tma_grid = (n_progs,)
             self.tma = Template(
-                _matmul_desc_kernel, (SLOT, SLOT, SLOT, c.stride(0), SLOT, out.stride(0), SLOT, M, N, K, n_progs),
+                _matmul_desc_kernel, (DescriptorSlot(a_block, a_t), DescriptorSlot(b_block, b_t), SLOT, c.stride(0),
+                                      SLOT, out.stride(0), SLOT, M, N, K, n_progs),
                 dict(ACCUMULATE=accumulate, HAS_BIAS=has_bias, UPCAST=upcast, IEEE=ieee, B_T=b_t,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                      FOLD_K=fold_k, A_T=a_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
@@ -395,9 +396,7 @@ class _Plan:
     def __call__(self, a, b, out, c, bias):
         """bias: the bias, or any tensor when the plan has none (the kernel reads it only with HAS_BIAS)."""
         if self.tma is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16):
-            kernel = self.tma.kernel
-            self.tma(self.tma_grid, host_descriptor(kernel, a.t() if self.a_t else a, self.a_block),
-                     host_descriptor(kernel, b.t() if self.b_t else b, self.b_block), c, out, bias)
+            self.tma(self.tma_grid, a, b, c, out, bias)
         else:
             self.pointers(self.grid, a, b, c, out, bias)
 
