@@ -473,7 +473,8 @@ def test_remembered_descriptor_maps_give_the_bits_of_fresh_ones(monkeypatch):
     """The TMA matmuls (a @ w.t() at decode and prefill rows, the descriptor kernel on sm90) with each
     descriptor encoded anew (Triton's launcher) and from the remembered maps: equal bits, eager and
     replayed from a CUDA graph, with the input buffer refilled between calls (a remembered map
-    addresses memory, not values). On Triton 3.6 the maps are in use: a DescriptorLaunch exists."""
+    addresses memory, not values). On Triton 3.6 the maps are in use: a DescriptorLaunch exists, and
+    matmul's plan templates hold maps of their own (DescriptorSlot)."""
     import triton
 
     from rlk_triton.ops import matmul as mm
@@ -501,8 +502,12 @@ def test_remembered_descriptor_maps_give_the_bits_of_fresh_ones(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(captured, outs[False][0][1]), M  # a holds seed 2's values
     maps = [e[6] for e in mm._matmul_desc_kernel._entries.values()]
+    # the plans' templates launched through their own per-address maps (DescriptorSlot)
+    stores = [store for plan in mm._PLANS.values() if plan.tma is not None
+              for _, per_slot in plan.tma.entries.values() for store in per_slot]
     if triton.__version__.startswith("3.6"):
         assert maps and all(m is not None for m in maps)
+        assert any(stores)
 
 
 def _probe_kernel(x_ptr, y_ptr, desc, n, m, f, flag, opt, BLOCK: "tl.constexpr"):  # never compiled
