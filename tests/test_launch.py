@@ -358,6 +358,7 @@ def test_a_template_with_descriptor_slots_launches_through_the_remembered_maps(f
     t = launch.Template(k, (launch.SLOT, launch.SLOT, 64), {"BLOCK": 32})
     t((2,), launch.Descriptor(d0.base, (16, 32)), d1)
     t((2,), launch.Descriptor(d0.base, (16, 32)), d1)
+    assert len(t.entries) == 1  # the second call launched from the template's entry
     k[(2,)](d0, d1, 64, BLOCK=32)
     assert len(kernel.c_launches) == 2 and kernel.c_launches[0] == kernel.c_launches[1]
     assert kernel.c_launches[0][13] == ("map", d0.base.data_ptr(), "m0", (64, 64), (64, 1))

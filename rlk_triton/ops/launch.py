@@ -409,8 +409,10 @@ class Template:
         kernel = self.kernel.launch(grid, args, self.meta)
         if bound is not None:  # the entry the kernel's launch made or used for these arguments, if any
             entry = self.kernel._entries.get((device, signature(args), self.meta_key))
-            by_maps = entry[6] if entry is not None else None
-            if entry is not None and (by_maps is None or [i for i, _, _ in by_maps.descriptors]
+            # with DescriptorSlots, remembered only where they are the kernel's descriptors (the maps'
+            # positions); descriptors given through plain SLOTs take the kernel's remembered maps
+            if entry is not None and (not self.descriptor_slots or entry[6] is None
+                                      or [i for i, _, _ in entry[6].descriptors]
                                       == [self.slots[k] for k, _ in self.descriptor_slots]):
                 self.entries[(device, bound[0])] = (entry, tuple([{} for _ in self.descriptor_slots]))
         return kernel
