@@ -124,6 +124,39 @@ def test_multi_row_forward_within_contract_and_invariant(rows, residual, device,
                                batch_sizes=(3, 9) if device == "cpu" else (5, 1001))
 
 
+@pytest.mark.parametrize("rows", (1, 2))
+@pytest.mark.parametrize("residual", (False, True))
+def test_a_call_without_a_graph_gives_the_bits_of_one_that_saves_rstd(rows, residual, device, monkeypatch):
+    """A forward that records no graph (a rollout) runs the kernels with the rstd store compiled out
+    (STORE_RSTD): y and the residual stream are the bits of the forward that saves rstd for backward,
+    on the one-tile, multi-tile and rows kernels. Rollout (no grad) and training (grad) agreeing
+    bitwise rests on this."""
+    from rlk_triton.ops import rmsnorm as module
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("with_rstd", True))
+        return launch_forward(*args, **kwargs)
+
+    launch_forward = module.launch_forward
+    monkeypatch.setattr(module, "launch_forward", spy)
+    for H in (300, 5000) if device == "cpu" else (4096, 20000):
+        for dt in (torch.bfloat16, torch.float32):
+            key = ("rmsnorm_fwd_rows", configs.table_arch(arch_of(torch.device(device)), "rmsnorm_fwd_rows"),
+                   str(dt).removeprefix("torch."), configs.v_bucket(H))
+            monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(rows, 1, 1))
+            configs.forget()
+            x, r, w = _inputs(5, H, dt, device, seed=H)
+            kw = dict(residual=r) if residual else {}
+            with torch.no_grad():
+                rollout = rms_norm(x, w, eps=1e-5, **kw)
+            training = rms_norm(x.clone().requires_grad_(), w, eps=1e-5, **kw)
+            for a, b in zip(*((o,) if not residual else o for o in (rollout, training))):
+                assert torch.equal(a, b.detach()), (H, dt)
+    assert seen == [False, True] * 4, "a no-grad call took the path that stores rstd, or a recording one did not"
+
+
 # ---- the downcast point of the fused residual ----
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

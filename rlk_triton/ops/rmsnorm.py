@@ -35,7 +35,7 @@ from .. import configs, native
 from .._runtime import arch_of, interpreter_active, shaped
 from ..errors import BackendError, DeviceError, DTypeError, InputError, LayoutError, ShapeError
 from .reduction import fold_products
-from .dispatch import autograd_op, direct, wants_grad
+from .dispatch import IMPL, autograd_op, direct, route, wants_grad
 from .launch import SLOT, Template, cached, cdiv, next_power_of_2, planned
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,7 +56,7 @@ def _fwd_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
     y_ptr, res_out_ptr, rstd_ptr,
     H, h_count, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ONE_TILE: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -98,7 +98,8 @@ def _fwd_kernel(
             w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
             y = (h * rstd) * w
             tl.store(y_ptr + out_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_RSTD:  # off for a call that records no graph: nothing will read it
+        tl.store(rstd_ptr + row, rstd)
 
 
 @cached
@@ -107,7 +108,7 @@ def _fwd_rows_kernel(
     x_ptr, x_row_stride, res_ptr, res_row_stride, w_ptr,
     y_ptr, res_out_ptr, rstd_ptr,
     N, H, h_count, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):
     # _fwd_kernel's one-tile math on a [ROWS, BLOCK_H] tile of consecutive rows (configs
     # "rmsnorm_fwd_rows" > 1): the sum of squares of a row is the same lane fold, then a tl.sum tree
@@ -128,7 +129,8 @@ def _fwd_rows_kernel(
     w = tl.load(w_ptr + lanes, mask=h_ok, other=0.0).to(tl.float32) + weight_offset
     y = (h * rstd[:, None]) * w[None, :]
     tl.store(y_ptr + rows[:, None] * H + lanes[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)  # downcast 2
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @cached
@@ -236,19 +238,27 @@ def hidden_tile(cfg: configs.LaunchConfig, H: int) -> int:
     return min(max(next_power_of_2(H), 16), cfg.block_v)
 
 
-def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None):
+def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_program=None, with_rstd=True):
     """x, residual: [N, H] with unit stride along H. Returns (y, residual_out or [0], rstd fp32 [N]).
-    cfg / rows_per_program override the locked table (benchmark sweeps only)."""
+    with_rstd=False (a call that records no graph): rstd is neither allocated nor stored, and None
+    is returned in its place and, without the residual, in residual_out's; y and residual_out are the
+    same bits (only the store is compiled out: test_rmsnorm's no-grad test). cfg / rows_per_program
+    override the locked table (benchmark sweeps only)."""
     N, H = x.shape
+    has_res = residual is not None
     y = torch.empty((N, H), dtype=x.dtype, device=x.device)
-    res_out = torch.empty((N, H) if residual is not None else (0,), dtype=x.dtype, device=x.device)
-    rstd = torch.empty(N, dtype=torch.float32, device=x.device)
+    if has_res:
+        res_out = torch.empty((N, H), dtype=x.dtype, device=x.device)
+    else:
+        res_out = torch.empty((0,), dtype=x.dtype, device=x.device) if with_rstd else None
+    rstd = torch.empty(N, dtype=torch.float32, device=x.device) if with_rstd else None
     if N == 0:
         return y, res_out, rstd
-    has_res = residual is not None
-    key = (H, x.stride(0), residual.stride(0) if has_res else None, x.dtype, x.device, cfg, rows_per_program)
-    rows, template = planned(_FORWARD_PLANS, key, _forward_plan, x, residual, cfg, rows_per_program)
-    tensors = (x, residual if has_res else x, weight, y, res_out if has_res else y, rstd)
+    key = (H, x.stride(0), residual.stride(0) if has_res else None, x.dtype, x.device, cfg, rows_per_program,
+           with_rstd)
+    rows, template = planned(_FORWARD_PLANS, key, _forward_plan, x, residual, cfg, rows_per_program, with_rstd)
+    # without rstd (or the residual) the kernel stores nothing there: y stands in for the pointer
+    tensors = (x, residual if has_res else x, weight, y, res_out if has_res else y, rstd if with_rstd else y)
     if rows:  # the rows kernel takes N after the tensors
         template((cdiv(N, rows),), *tensors, N, float(eps), float(weight_offset))
     else:
@@ -259,7 +269,7 @@ def launch_forward(x, weight, residual, eps, weight_offset, cfg=None, rows_per_p
 _FORWARD_PLANS = configs.plan_store()  # launch_forward's (rows per program or 0, Template) per key (launch.planned)
 
 
-def _forward_plan(x, residual, cfg, rows_per_program):
+def _forward_plan(x, residual, cfg, rows_per_program, with_rstd):
     """(rows per program, Template) of the forward for x's H, row strides, dtype and device: the rows
     kernel when it is used (rows > 1 and one tile covers H), else (0, the one-row kernel). SLOTs: the
     tensors, eps and weight_offset, and the rows kernel's N."""
@@ -271,10 +281,10 @@ def _forward_plan(x, residual, cfg, rows_per_program):
     strides = (x.stride(0), SLOT, residual.stride(0) if has_res else 0, SLOT, SLOT, SLOT, SLOT)
     if rows > 1 and block >= H:
         return rows, Template(_fwd_rows_kernel, (SLOT,) + strides + (SLOT, H, float(H), SLOT, SLOT),
-                              dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ROWS=rows,
+                              dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ROWS=rows, STORE_RSTD=with_rstd,
                                    num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     return 0, Template(_fwd_kernel, (SLOT,) + strides + (H, float(H), SLOT, SLOT),
-                       dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H,
+                       dict(HAS_RESIDUAL=has_res, BLOCK_H=block, ONE_TILE=block >= H, STORE_RSTD=with_rstd,
                             num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
@@ -438,7 +448,10 @@ def rms_norm(
         return _rms_norm_native(x, weight, residual, float(eps), float(weight_offset), backend, H)
     x2d = x.reshape(-1, H)
     r2d = residual.reshape(-1, H) if residual is not None else None
-    y, res_out, _ = call_rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
+    if route((x2d, weight, r2d)) is IMPL:  # a rollout: no graph to record, so no rstd to save
+        y, res_out, _ = launch_forward(x2d, weight, r2d, float(eps), float(weight_offset), with_rstd=False)
+    else:
+        y, res_out, _ = call_rms_norm_fwd(x2d, weight, r2d, float(eps), float(weight_offset))
     if residual is None:
         return shaped(y, x.shape)
     return shaped(y, x.shape), shaped(res_out, x.shape)
