@@ -113,6 +113,9 @@ def check_batch_invariance(
     seed: int = 0,
     tile_rows: Optional[int] = None,
 ) -> InvarianceReport:
+    """The probe rows' outputs and input gradients, bitwise, against the same rows alone, along each
+    axis: repeat, batch size, row position, padding rows, other neighbours, (op.indexed) the dense and
+    indexed calls, and with tile_rows the position inside a row tile (tile_offsets)."""
     gen = torch.Generator().manual_seed(seed)
     report = InvarianceReport(op.name)
     probe = op.make_rows(probe_rows, gen)
@@ -184,11 +187,21 @@ def check_batch_invariance(
 
     if tile_rows:
         n = 2 * tile_rows + probe_rows
-        for offset in range(tile_rows):
+        for offset in tile_offsets(tile_rows, probe_rows):
             pos = torch.arange(offset, offset + probe_rows)
             vals, grads = _run(op, embed(n, pos, op.make_rows(n - probe_rows, gen)), pos, probe_upstream, gen)
-            compare("tile_position", f"offset {offset} of {tile_rows}", vals, grads)
+            compare("tile_position", f"rows {offset}..{offset + probe_rows - 1} of a {tile_rows}-row tile", vals, grads)
     return report
+
+
+def tile_offsets(tile_rows: int, probe_rows: int) -> list:
+    """Where check_batch_invariance's tile sweep puts its first probe row: the probe rows step through
+    the tile together, so every offset 0..tile_rows-1 holds a probe row in one run, and the last run
+    straddles the boundary into the next tile (a tile of tile_rows rows and any divisor of it)."""
+    offsets = list(range(0, tile_rows, probe_rows))
+    if offsets[-1] + probe_rows <= tile_rows:  # the last run ended inside the tile: one more across it
+        offsets.append(tile_rows - 1)
+    return offsets
 
 
 def assert_batch_invariant(op: RowOp, **kwargs) -> InvarianceReport:
