@@ -269,6 +269,8 @@ def _check_forward_load_paths(device, dtype, causal, D):
     ref = runs(plain)
     for tma_loads, flat, heavy_first, cap in ((True, False, False, 0), (False, True, False, 0), (True, True, False, 0),
                                               (False, False, True, 0), (True, True, True, 0), (True, True, False, 128)):
+        if cap and device == "cpu":  # the interpreter has no registers to cap: the (True, True, False, 0) run again
+            continue
         got = runs(dataclasses.replace(locked, tma_loads=tma_loads, flat=flat, heavy_first=heavy_first,
                                        maxnreg_d64=cap))
         for case, a, b in zip(("pack", "short max_seqlen", "token stride", "head stride", "inf after", "kv range"), ref, got):
