@@ -251,7 +251,7 @@ def cases():
             out.append((f"rmsnorm _fwd_rows_kernel H={H} rows={r}", rn._fwd_rows_kernel,
                         dict(x_ptr=y, x_row_stride=H, res_ptr=y, res_row_stride=H, w_ptr=_t(H), y_ptr=y, res_out_ptr=y,
                              rstd_ptr=_t(16, dtype=f32), N=16, H=H, h_count=float(H), eps=1e-6, weight_offset=0.0,
-                             HAS_RESIDUAL=True, BLOCK_H=block, ROWS=r), cfg.num_warps, 1))
+                             HAS_RESIDUAL=True, BLOCK_H=block, ROWS=r, STORE_RSTD=True), cfg.num_warps, 1))
     out += attention_cases()
     return out
 

@@ -85,7 +85,7 @@ def triton_rmsnorm_ptx(dtype, H, x_stride, r_stride, fused, N):
     args = dict(x_ptr=x, x_row_stride=x_stride, res_ptr=r, res_row_stride=r_stride if fused else x_stride,
                 w_ptr=torch.empty(H, dtype=dtype), y_ptr=y, res_out_ptr=torch.empty(N * H, dtype=dtype) if fused else y,
                 rstd_ptr=torch.empty(N), H=H, h_count=float(H), eps=1e-6, weight_offset=0.0, HAS_RESIDUAL=fused,
-                BLOCK_H=block)
+                BLOCK_H=block, STORE_RSTD=True)  # the native forward stores rstd: the recording call's kernel
     if rows > 1:
         kernel, args = rmsnorm._fwd_rows_kernel, dict(args, N=N, ROWS=rows)
     else:
