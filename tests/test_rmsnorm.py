@@ -146,7 +146,6 @@ def test_a_call_without_a_graph_gives_the_bits_of_one_that_saves_rstd(rows, resi
             key = ("rmsnorm_fwd_rows", configs.table_arch(arch_of(torch.device(device)), "rmsnorm_fwd_rows"),
                    str(dt).removeprefix("torch."), configs.v_bucket(H))
             monkeypatch.setitem(configs.LOCKED_CONFIGS, key, configs.LaunchConfig(rows, 1, 1))
-            configs.forget()
             x, r, w = _inputs(5, H, dt, device, seed=H)
             kw = dict(residual=r) if residual else {}
             with torch.no_grad():

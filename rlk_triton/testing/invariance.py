@@ -197,7 +197,8 @@ def check_batch_invariance(
 def tile_offsets(tile_rows: int, probe_rows: int) -> list:
     """Where check_batch_invariance's tile sweep puts its first probe row: the probe rows step through
     the tile together, so every offset 0..tile_rows-1 holds a probe row in one run, and the last run
-    straddles the boundary into the next tile (a tile of tile_rows rows and any divisor of it)."""
+    straddles the boundary into the next tile. A kernel whose row tile divides tile_rows is covered
+    too: its offsets are these modulo its tile."""
     offsets = list(range(0, tile_rows, probe_rows))
     if offsets[-1] + probe_rows <= tile_rows:  # the last run ended inside the tile: one more across it
         offsets.append(tile_rows - 1)
