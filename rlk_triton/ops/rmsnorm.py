@@ -16,11 +16,12 @@ The normalization reads the downcast h, so the fused op equals rms_norm(residual
 Forward: configs "rmsnorm_fwd_rows" rows per program. 1: _fwd_kernel, one row per program (a loop
 over tiles for rows wider than one tile). > 1: _fwd_rows_kernel, a [rows, H] tile per program, for
 rows that fit one tile (locked at 2 for bf16 / fp16 with 1024 < H <= 8192, from an H200 sweep; an earlier
-multi-row loop with the next row prefetched was slower). Backward: one program per block of R rows (configs
-"rmsnorm_dw_rows"): per row, dx from the saved rstd and a row dot product (no cross-row state), and
-the block's dW terms summed in row order into an fp32 partial row; a second kernel reduces the
-partials in a fixed order (reduction.py). No atomics: dx is batch-invariant per row, dW is
-run-to-run deterministic.
+multi-row loop with the next row prefetched was slower). Both store rstd per row for the backward,
+except on a call that records no graph (STORE_RSTD off: y's bits are the same).
+Backward: one program per block of R rows (configs "rmsnorm_dw_rows"): per row, dx from the saved
+rstd and a row dot product (no cross-row state), and the block's dW terms summed in row order into
+an fp32 partial row; a second kernel reduces the partials in a fixed order (reduction.py). No
+atomics: dx is batch-invariant per row, dW is run-to-run deterministic.
 """
 from __future__ import annotations
 
